@@ -1,0 +1,227 @@
+#include <c10/cuda/um/Config.h>
+
+#include <c10/util/Exception.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace c10::cuda::um {
+namespace {
+
+constexpr const char* kKeys =
+    "enabled, max_managed, device_budget, host_headroom, prefetch";
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
+    s.remove_prefix(1);
+  }
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+std::optional<double> parseNumber(std::string_view text) {
+  if (text.empty()) {
+    return std::nullopt;
+  }
+  std::string buf(text);
+  char* end = nullptr;
+  double v = std::strtod(buf.c_str(), &end);
+  if (end != buf.c_str() + buf.size() || !std::isfinite(v) || v < 0) {
+    return std::nullopt;
+  }
+  return v;
+}
+
+bool parseBool(
+    std::string_view key,
+    std::string_view value,
+    std::string_view source) {
+  if (value == "True" || value == "true" || value == "1") {
+    return true;
+  }
+  if (value == "False" || value == "false" || value == "0") {
+    return false;
+  }
+  TORCH_CHECK(
+      false,
+      source,
+      ": '",
+      key,
+      "' takes True or False, got '",
+      value,
+      "'.");
+}
+
+uint64_t requireBytes(
+    std::string_view key,
+    std::string_view value,
+    std::string_view source) {
+  auto bytes = parseBytes(value);
+  TORCH_CHECK(
+      bytes.has_value(),
+      source,
+      ": '",
+      key,
+      "' takes a size such as 512MiB, 8GiB or 1073741824, got '",
+      value,
+      "'.");
+  return *bytes;
+}
+
+} // namespace
+
+std::optional<uint64_t> parseBytes(std::string_view text) {
+  text = trim(text);
+  size_t split = 0;
+  while (split < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[split])) ||
+          text[split] == '.')) {
+    ++split;
+  }
+  auto number = parseNumber(text.substr(0, split));
+  if (!number) {
+    return std::nullopt;
+  }
+  std::string unit(trim(text.substr(split)));
+  for (auto& c : unit) {
+    c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  double scale = 0;
+  if (unit.empty() || unit == "B") {
+    scale = 1;
+  } else if (unit == "K" || unit == "KB" || unit == "KIB") {
+    scale = 1024.0;
+  } else if (unit == "M" || unit == "MB" || unit == "MIB") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "G" || unit == "GB" || unit == "GIB") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "T" || unit == "TB" || unit == "TIB") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return std::nullopt;
+  }
+  double bytes = *number * scale;
+  if (bytes >= 1.8e19) {
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+std::string formatBytes(uint64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0) {
+    std::snprintf(buf, sizeof(buf), "%llu bytes", (unsigned long long)bytes);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.2f %s", v, units[u]);
+  }
+  return buf;
+}
+
+uint64_t SizeSpec::resolve(uint64_t device_total) const {
+  if (isPercent()) {
+    return static_cast<uint64_t>(
+        static_cast<double>(device_total) * percent / 100.0);
+  }
+  return bytes;
+}
+
+std::string SizeSpec::str() const {
+  if (isPercent()) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g%%", percent);
+    return buf;
+  }
+  return std::to_string(bytes);
+}
+
+std::string Config::str() const {
+  std::string s;
+  s += "enabled:";
+  s += enabled ? "True" : "False";
+  s += ",max_managed:";
+  s += max_managed ? std::to_string(*max_managed) : std::string("none");
+  s += ",device_budget:" + device_budget.str();
+  s += ",host_headroom:" + std::to_string(host_headroom);
+  s += ",prefetch:";
+  s += prefetch ? "True" : "False";
+  return s;
+}
+
+Config parseConfig(
+    std::string_view text,
+    const Config& base,
+    std::string_view source) {
+  Config cfg = base;
+  while (!text.empty()) {
+    size_t comma = text.find(',');
+    std::string_view item = trim(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view()
+                                           : text.substr(comma + 1);
+    if (item.empty()) {
+      continue;
+    }
+    size_t colon = item.find(':');
+    TORCH_CHECK(
+        colon != std::string_view::npos,
+        source,
+        ": expected key:value, got '",
+        item,
+        "'. Keys: ",
+        kKeys,
+        ".");
+    std::string_view key = trim(item.substr(0, colon));
+    std::string_view value = trim(item.substr(colon + 1));
+    if (key == "enabled") {
+      cfg.enabled = parseBool(key, value, source);
+    } else if (key == "prefetch") {
+      cfg.prefetch = parseBool(key, value, source);
+    } else if (key == "max_managed") {
+      if (value == "none" || value == "None") {
+        cfg.max_managed.reset();
+      } else {
+        cfg.max_managed = requireBytes(key, value, source);
+      }
+    } else if (key == "host_headroom") {
+      cfg.host_headroom = requireBytes(key, value, source);
+    } else if (key == "device_budget") {
+      if (!value.empty() && value.back() == '%') {
+        auto pct = parseNumber(trim(value.substr(0, value.size() - 1)));
+        TORCH_CHECK(
+            pct.has_value() && *pct > 0.0 && *pct <= 100.0,
+            source,
+            ": 'device_budget' as a percentage must lie in (0, 100], got '",
+            value,
+            "'.");
+        cfg.device_budget = SizeSpec{0, *pct};
+      } else {
+        cfg.device_budget = SizeSpec{requireBytes(key, value, source), 0.0};
+      }
+    } else {
+      TORCH_CHECK(
+          false,
+          source,
+          ": unknown key '",
+          key,
+          "'. Keys: ",
+          kKeys,
+          ". (Allocator keys such as expandable_segments belong in "
+          "PYTORCH_CUDA_ALLOC_CONF.)");
+    }
+  }
+  return cfg;
+}
+
+} // namespace c10::cuda::um

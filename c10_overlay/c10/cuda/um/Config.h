@@ -1,0 +1,59 @@
+// Configuration of the unified-memory engine.
+//
+// Read from PYTORCH_CUDA_UM_CONF at first use, in the syntax users know from
+// PYTORCH_CUDA_ALLOC_CONF ("key:value,key:value"), and changeable at run time
+// through the C API (torch.cuda.um.configure in Python). Pure C++: no CUDA.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace c10::cuda::um {
+
+constexpr const char* kConfigEnvVar = "PYTORCH_CUDA_UM_CONF";
+
+// A byte count, or a percentage of the device's total memory.
+struct SizeSpec {
+  uint64_t bytes = 0;
+  double percent = 0.0; // > 0 means "percent of device total"
+  bool isPercent() const {
+    return percent > 0.0;
+  }
+  uint64_t resolve(uint64_t device_total) const;
+  std::string str() const;
+};
+
+struct Config {
+  // Allocator segments are cudaMallocManaged memory. Off: plain cudaMalloc.
+  bool enabled = true;
+  // Hard cap on managed bytes summed over all devices; nullopt = no cap.
+  std::optional<uint64_t> max_managed;
+  // Per device: managed bytes the engine places on the device; segments past
+  // it live in host RAM, mapped for the GPU to read and write in place.
+  SizeSpec device_budget{0, 90.0};
+  // A segment placed in host RAM must leave this much host memory available.
+  uint64_t host_headroom = 2ull << 30;
+  // Prefetch a new segment to where it was placed.
+  bool prefetch = true;
+
+  // Canonical "key:value,..." form of every setting.
+  std::string str() const;
+};
+
+// Apply "key:value,key:value" on top of `base`. Throws c10::Error naming the
+// offending key or value and listing what is accepted; `base` is untouched
+// then. `source` names where the text came from, for the message.
+Config parseConfig(
+    std::string_view text,
+    const Config& base,
+    std::string_view source);
+
+// "1.50 GiB"-style rendering for messages.
+std::string formatBytes(uint64_t bytes);
+
+// Parses "4096", "512MB", "8GiB", "1.5G" (binary units). nullopt if malformed.
+std::optional<uint64_t> parseBytes(std::string_view text);
+
+} // namespace c10::cuda::um

@@ -1,0 +1,52 @@
+// Hooks through which c10's CUDA caching allocator reaches the unified-memory
+// engine. This is the whole surface the patch series (source path) and the
+// interposer (injection path) call; everything behind it lives in Engine.cpp.
+//
+// The header is internal to the rebuilt library: it is not shipped in the
+// wheel's include/ tree and changes no class layout of the shipped headers.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+
+namespace c10::cuda::um {
+
+// Allocate one allocator segment on `device` (the current device). With
+// unified memory enabled the segment is cudaMallocManaged memory placed by the
+// engine's policies; disabled, this is exactly cudaMalloc. A refusal by the
+// total cap or the host-RAM headroom returns cudaErrorMemoryAllocation so that
+// the allocator's release-and-retry path runs and, if that does not help,
+// raises torch.OutOfMemoryError with oomReport() in its message.
+// `stream` orders the placement prefetch; `capturing` says whether `stream` is
+// being captured into a CUDA graph (no prefetch is issued then).
+cudaError_t allocSegment(
+    void** ptr,
+    size_t size,
+    c10::DeviceIndex device,
+    cudaStream_t stream,
+    bool capturing);
+
+// Release a segment obtained from allocSegment (managed or not).
+cudaError_t freeSegment(void* ptr);
+
+// Graph capture or private-pool recording began / ended somewhere in the
+// process: no prefetch or advice is issued while any is under way.
+void captureBegin();
+void captureEnd();
+
+// Expandable segments (cuMemMap) cannot be managed memory: in UM mode the
+// request is dropped with one warning. Returns the value to use.
+bool resolveExpandableSegments(bool requested);
+
+// Throws c10::Error with instructions if `ptr` lies in a managed segment:
+// cudaIpcGetMemHandle cannot export managed memory.
+void checkIpcExportable(const void* ptr);
+
+// Unified-memory numbers appended to the allocator's out-of-memory message;
+// empty when UM is off.
+std::string oomReport(c10::DeviceIndex device);
+
+} // namespace c10::cuda::um
