@@ -1,0 +1,62 @@
+# torch-X.Y.Z+um wheels: `make build`, `make test`. See README.md.
+#
+#   make build TORCH_VERSION=2.6.0 PYTHON=3.12   wheel for another CPython
+#   make test                                     lint + unit + integration tests
+#   make test-unit                                without the real build (fast)
+
+# The one place the default torch version is set.
+TORCH_VERSION ?= 2.11.0
+# CPython version of the wheel to build (not the interpreter that runs the build).
+PYTHON ?= 3.11
+# Interpreter that creates .venv.
+BOOTSTRAP_PYTHON ?= python3
+PYTEST_ARGS ?=
+
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: all build test test-unit lint venv series-check series-refresh clean distclean help
+
+all: build
+
+help:
+	@sed -n '1,6p' Makefile
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+build: $(STAMP)
+	$(VPY) -m build_scripts build --torch-version $(TORCH_VERSION) --python $(PYTHON)
+
+# Python files of the build pipeline (mypy's list is in pyproject.toml).
+LINT_PATHS := build_scripts tests/conftest.py tests/unit tests/integration
+
+lint: $(STAMP)
+	$(VPY) -m ruff check $(LINT_PATHS)
+	$(VPY) -m mypy
+
+test: lint
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(VPY) -m pytest -m 'not integration' $(PYTEST_ARGS)
+
+series-check: $(STAMP)
+	$(VPY) -m build_scripts series check --torch-version $(TORCH_VERSION)
+
+series-refresh: $(STAMP)
+	$(VPY) -m build_scripts series refresh --torch-version $(TORCH_VERSION)
+
+# Container targets (docker/README.md); they read TORCH_VERSION and PYTHON from above.
+-include docker/docker.mk
+
+clean:
+	rm -rf dist build .pytest_cache .mypy_cache .ruff_cache
+
+distclean: clean
+	rm -rf $(VENV)

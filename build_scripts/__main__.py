@@ -1,0 +1,5 @@
+import sys
+
+from build_scripts.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""``python -m build_scripts``: build wheels and maintain patch series.
+
+Errors are printed as ``error: <message>`` with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from build_scripts import matrix, repack, series, sources
+from build_scripts.errors import BuildError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m build_scripts", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build dist/torch-X.Y.Z+um-*.whl")
+    b.add_argument("--torch-version", required=True)
+    b.add_argument("--python", default="3.11", help="CPython version of the wheel (3.11)")
+    b.add_argument("--dist", type=Path, default=None, help="output directory (dist/)")
+
+    sub.add_parser("versions", help="list supported torch versions")
+
+    s = sub.add_parser("series", help="maintain patches/<version>/series")
+    ssub = s.add_subparsers(dest="series_command", required=True)
+    c = ssub.add_parser("check", help="apply the series onto the pinned upstream, no fuzz")
+    c.add_argument("--torch-version", required=True)
+    r = ssub.add_parser("refresh", help="re-apply and rewrite the patches with fresh context")
+    r.add_argument("--torch-version", required=True)
+    r.add_argument(
+        "--source",
+        type=Path,
+        default=None,
+        help="upstream tree to refresh onto (default: the pinned upstream files)",
+    )
+
+    v = sub.add_parser("validate", help="validate the RECORD of a wheel")
+    v.add_argument("wheel", type=Path)
+    return p
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "build":
+        from build_scripts import pipeline
+
+        result = pipeline.build(args.torch_version, args.python, dist=args.dist)
+        print(result.wheel)
+    elif args.command == "versions":
+        print("\n".join(matrix.supported_versions()))
+    elif args.command == "series":
+        m = matrix.load(args.torch_version)
+        if args.series_command == "check":
+            return _series_check(m)
+        upstream = args.source or sources.fetch_upstream(m)
+        changed = series.refresh(m.series_file, upstream)
+        print("refreshed: " + (", ".join(changed) if changed else "nothing changed"))
+    elif args.command == "validate":
+        repack.validate(args.wheel)
+        print(f"{args.wheel}: RECORD valid")
+    return 0
+
+
+def _series_check(m: matrix.VersionMatrix) -> int:
+    upstream = sources.fetch_upstream(m)
+    names = series.read_series(m.series_file)
+    with tempfile.TemporaryDirectory(prefix="um-series-check-") as tmp:
+        tree = Path(tmp) / "tree"
+        shutil.copytree(upstream, tree)
+        results = series.apply_series(m.series_file.parent, names, tree, strict=True)
+    for res in results:
+        print(f"ok   {res.patch} ({', '.join(res.files)})")
+    print(f"{len(results)} patch(es) apply cleanly to {m.upstream.tag} with no fuzz or offset")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Build the overlay library (``c10_overlay/``) with CMake and Ninja.
+
+The CMake contract (c10_overlay/CMakeLists.txt implements it)::
+
+    cmake -S c10_overlay -B <builddir> -G Ninja -DCMAKE_BUILD_TYPE=Release
+      -DUM_MODE=source
+      -DUM_TORCH_INCLUDE=<unpacked wheel>/torch/include
+      -DUM_TORCH_LIB=<unpacked wheel>/torch/lib          # holds libc10.so
+      -DUM_UPSTREAM_C10_CUDA=<patched tree>/c10/cuda
+      -DUM_CUDA_INCLUDE=<dir1>;<dir2>;...
+      -DUM_CUDART_LIB=<.../libcudart.so.12>
+      -DUM_CXX11_ABI=0|1
+      -DUM_SONAME=libc10_cuda.so
+      -DUM_RPATH=<RPATH of the official library>
+    cmake --build <builddir>                           # -> <builddir>/libc10_cuda.so
+
+The build directory lives in the cache, keyed by torch version, Python and the configure
+arguments, so a rerun is incremental.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from build_scripts import progress
+from build_scripts.errors import BuildError
+from build_scripts.fsutil import digest_of, read_json, write_json
+from build_scripts.toolchain import Toolchain, overlay_toolchain
+
+_NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] ")
+
+
+@dataclass(frozen=True)
+class OverlayInputs:
+    source_dir: Path  # c10_overlay/
+    torch_include: Path
+    torch_lib: Path
+    upstream_c10_cuda: Path
+    cuda_include: tuple[Path, ...]
+    cudart_lib: Path
+    cxx11_abi: int
+    soname: str
+    rpath: str
+    mode: str = "source"
+
+    def cmake_defines(self) -> dict[str, str]:
+        return {
+            "CMAKE_BUILD_TYPE": "Release",
+            "UM_MODE": self.mode,
+            "UM_TORCH_INCLUDE": str(self.torch_include),
+            "UM_TORCH_LIB": str(self.torch_lib),
+            "UM_UPSTREAM_C10_CUDA": str(self.upstream_c10_cuda),
+            "UM_CUDA_INCLUDE": ";".join(str(p) for p in self.cuda_include),
+            "UM_CUDART_LIB": str(self.cudart_lib),
+            "UM_CXX11_ABI": str(self.cxx11_abi),
+            "UM_SONAME": self.soname,
+            "UM_RPATH": self.rpath,
+        }
+
+
+def configure_command(tc: Toolchain, inputs: OverlayInputs, build_dir: Path) -> list[str]:
+    cmd = [
+        str(tc.cmake),
+        "-S",
+        str(inputs.source_dir),
+        "-B",
+        str(build_dir),
+        "-G",
+        "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={tc.ninja}",
+        f"-DCMAKE_CXX_COMPILER={tc.cxx}",
+    ]
+    cmd += [f"-D{k}={v}" for k, v in inputs.cmake_defines().items()]
+    return cmd
+
+
+def build_dir_for(cache: Path, torch_version: str, python: str, inputs: OverlayInputs) -> Path:
+    key = digest_of(inputs.cmake_defines() | {"source": str(inputs.source_dir)})
+    return cache / "build" / f"{torch_version}-py{python}-{key}"
+
+
+def build(inputs: OverlayInputs, build_dir: Path, *, toolchain: Toolchain | None = None) -> Path:
+    """Configure (when needed) and build; return the built ``<build_dir>/<soname>``."""
+    if not (inputs.source_dir / "CMakeLists.txt").is_file():
+        raise BuildError(
+            f"{inputs.source_dir}/CMakeLists.txt does not exist: the overlay sources are "
+            "missing from this checkout"
+        )
+    tc = toolchain or overlay_toolchain()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log = build_dir / "um-build.log"
+    log.write_text("")  # one log per run
+    cmd = configure_command(tc, inputs, build_dir)
+    stamp = build_dir / "um-configure.json"
+    if not (build_dir / "build.ninja").is_file() or read_json(stamp) != cmd:
+        progress.step(f"configuring the overlay build in {build_dir}")
+        _run(cmd, log, "cmake configure of c10_overlay", build_dir)
+        write_json(stamp, cmd)
+    progress.step("building the overlay library")
+    output = build_dir / inputs.soname
+    before = output.stat().st_mtime_ns if output.exists() else None
+    _run(
+        [str(tc.cmake), "--build", str(build_dir)],
+        log,
+        "overlay build",
+        build_dir,
+        ninja_progress=True,
+    )
+    if not output.is_file():
+        raise BuildError(
+            f"the overlay build finished but produced no {output}: c10_overlay/CMakeLists.txt "
+            f"must build a library named {inputs.soname} in the build directory "
+            f"(log: {log})"
+        )
+    if before is not None and output.stat().st_mtime_ns == before:
+        progress.step(f"{inputs.soname} is up to date")
+    return output
+
+
+def _run(cmd: list[str], log: Path, what: str, cwd: Path, *, ninja_progress: bool = False) -> None:
+    env = dict(os.environ, NINJA_STATUS="[%f/%t] ", LC_ALL="C")
+    tail: deque[str] = deque(maxlen=40)
+    with log.open("a") as logf, progress.bar(what, None, unit="step") as pbar:
+        logf.write("$ " + " ".join(cmd) + "\n")
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                cwd=cwd,
+            )
+        except OSError as exc:
+            raise BuildError(f"cannot run {cmd[0]}: {exc}") from None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            logf.write(line)
+            tail.append(line.rstrip())
+            m = _NINJA_STATUS.match(line) if ninja_progress else None
+            if m:
+                pbar.total = int(m.group(2))
+                pbar.n = int(m.group(1))
+                pbar.refresh()
+        rc = proc.wait()
+    if rc != 0:
+        raise BuildError(
+            f"{what} failed (exit {rc}); last lines:\n" + "\n".join(tail) + f"\nfull log: {log}"
+        )

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from build_scripts import inject_path, matrix, pipeline
+from build_scripts.errors import BuildError
+from build_scripts.paths import REPO_ROOT
+
+from .helpers import matrix_doc, write_matrix
+
+
+def test_real_2_6_0_pins() -> None:
+    m = matrix.load("2.6.0")
+    assert m.integration == "source"
+    assert m.upstream.commit == "2236df1770800ffea5697b11b0bb0d910b2e59e1"
+    assert m.upstream.tag == "v2.6.0"
+    assert m.wheel.cuda == "12.4" and m.wheel.cxx11_abi == 0
+    cp311 = m.wheel.for_python("3.11")
+    assert cp311.filename == "torch-2.6.0-cp311-cp311-manylinux1_x86_64.whl"
+    assert cp311.sha256 == "7979834102cd5b7a43cc64e87f2f3b14bd0e1458f06e9f88ffa386d07c7446e1"
+    assert cp311.platform == "manylinux1_x86_64" and cp311.cp_tag == "cp311"
+    assert m.wheel.for_python("3.12").filename.startswith("torch-2.6.0-cp312-cp312-")
+    assert m.debian is not None and m.debian.version == "2.6.0+dfsg-7"
+    assert m.debian.top_dir == "pytorch-v2.6.0"
+    names = {p.name for p in m.cuda_packages}
+    assert {"nvidia-cuda-runtime-cu12", "nvidia-cuda-nvcc-cu12", "nvidia-nvml-dev-cu12"} <= names
+    paths = {f.path for f in m.sources}
+    assert "c10/cuda/CUDACachingAllocator.cpp" in paths
+    assert not any("/test/" in p or p.endswith((".bzl", "BUILD.bazel", "README.md")) for p in paths)
+    assert m.um_version == "2.6.0+um"
+
+
+def test_supported_versions_are_directories_with_upstream_yaml(tmp_path: Path) -> None:
+    write_matrix(tmp_path, matrix_doc("9.1.0"))
+    write_matrix(tmp_path, matrix_doc("9.10.0"))
+    (tmp_path / "9.2.0").mkdir()  # no upstream.yaml: not supported
+    assert matrix.supported_versions(tmp_path) == ["9.1.0", "9.10.0"]
+    assert "2.6.0" in matrix.supported_versions()
+
+
+def test_unknown_version_lists_supported(tmp_path: Path) -> None:
+    write_matrix(tmp_path, matrix_doc("9.1.0"))
+    with pytest.raises(BuildError) as exc:
+        matrix.load("1.2.3", tmp_path)
+    assert str(exc.value).startswith("unknown TORCH_VERSION '1.2.3': supported versions are 9.1.0")
+
+
+def test_unknown_python_names_the_available_ones() -> None:
+    m = matrix.load("2.6.0")
+    with pytest.raises(
+        BuildError, match=r"no official wheel pinned for Python 3\.9; .*3\.11, 3\.12"
+    ):
+        m.wheel.for_python("3.9")
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"schema": 2}, "schema 2 is not supported"),
+        ({"integration": "magic"}, "integration must be 'source' or 'inject'"),
+        (
+            {"upstream": {"tag": "v", "commit": "xyz", "repository": "r"}},
+            "upstream.commit 'xyz' is malformed",
+        ),
+        (
+            {"sources": {"c10/cuda/A.cpp": "beef"}},
+            "sources.c10/cuda/A.cpp sha256 'beef' is malformed",
+        ),
+        ({"sources": {"../etc/passwd": "0" * 64}}, "must be a relative path"),
+        ({"sources": {}}, "integration 'source' needs a non-empty 'sources' map"),
+        ({"overlay": {"soname": "x"}}, "missing key overlay.library"),
+    ],
+)
+def test_bad_documents_name_the_key(tmp_path: Path, patch: dict[str, object], message: str) -> None:
+    write_matrix(tmp_path, matrix_doc("9.1.0", **patch))
+    with pytest.raises(BuildError, match="upstream.yaml: ") as exc:
+        matrix.load("9.1.0", tmp_path)
+    assert message in str(exc.value)
+
+
+def test_version_must_match_directory(tmp_path: Path) -> None:
+    d = write_matrix(tmp_path, matrix_doc("9.1.0"))
+    d.rename(tmp_path / "9.1.1")
+    with pytest.raises(BuildError, match="does not match its directory '9.1.1'"):
+        matrix.load("9.1.1", tmp_path)
+
+
+def test_invalid_yaml(tmp_path: Path) -> None:
+    (tmp_path / "9.1.0").mkdir()
+    (tmp_path / "9.1.0" / "upstream.yaml").write_text("a: [b\n")
+    with pytest.raises(BuildError, match="is not valid YAML"):
+        matrix.load("9.1.0", tmp_path)
+
+
+def test_inject_integration_dispatches_to_the_inject_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_matrix(tmp_path / "patches", matrix_doc("9.1.0", integration="inject"))
+    seen: list[tuple[str, str]] = []
+
+    def fake_build(m: matrix.VersionMatrix, python: str, **kwargs: object) -> str:
+        seen.append((m.integration, python))
+        return "inject-result"
+
+    monkeypatch.setattr(inject_path, "build", fake_build)
+    assert pipeline.build("9.1.0", "3.11", repo=tmp_path, cache=tmp_path / "c") == "inject-result"  # type: ignore[comparison-overlap]
+    assert seen == [("inject", "3.11")]
+
+
+def test_default_version_is_one_makefile_variable() -> None:
+    lines = (REPO_ROOT / "Makefile").read_text().splitlines()
+    defaults = [ln for ln in lines if ln.startswith("TORCH_VERSION ?=")]
+    assert len(defaults) == 1
+    assert defaults[0].split("?=")[1].strip() in matrix.supported_versions()
