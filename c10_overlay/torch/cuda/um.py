@@ -1,0 +1,597 @@
+r"""Unified memory for the CUDA caching allocator (``torch-X.Y.Z+um`` wheels).
+
+In a ``+um`` wheel the caching allocator takes its segments with
+``cudaMallocManaged`` instead of ``cudaMalloc``: a program whose tensors
+outgrow the GPU keeps running, with the overflow in host RAM, instead of
+failing with ``torch.OutOfMemoryError``. Nothing in user code has to change.
+This module reads and steers the engine that does it.
+
+Configuration comes from the environment variable ``PYTORCH_CUDA_UM_CONF``
+(same syntax as ``PYTORCH_CUDA_ALLOC_CONF``), read at the first CUDA
+allocation, and from :func:`configure` at run time::
+
+    PYTORCH_CUDA_UM_CONF="enabled:True,max_managed:64GiB,device_budget:90%,host_headroom:2GiB,prefetch:True"
+
+``enabled``
+    new segments are managed memory (``False``: exactly stock torch).
+``max_managed``
+    hard cap on managed bytes over all GPUs (``none``: no cap); past it the
+    allocator raises ``torch.OutOfMemoryError``.
+``device_budget``
+    per GPU, managed bytes placed on the device (bytes or ``N%`` of its
+    memory); segments past it live in host RAM, mapped for the GPU.
+``host_headroom``
+    host RAM a host-placed segment must leave available.
+``prefetch``
+    prefetch a new segment to where it was placed.
+
+Sizes are bytes or take binary units (``512MB``, ``8GiB``, ``1.5G``).
+
+Everything here is importable and callable without a GPU; functions that move
+memory need CUDA. Managed memory cannot be shared between processes through
+CUDA IPC: run a process that must do so with ``PYTORCH_CUDA_UM_CONF=enabled:False``.
+
+For a stock torch install whose wheel cannot be replaced, the engine library
+of a ``+um`` wheel of the same torch version can be preloaded (see
+``docs/injection.md`` in the torch-um repository): ``LD_PRELOAD=<dir>/libtorch_um.so``
+with ``<dir>`` the stock install's ``torch/lib``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+import warnings
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Union
+
+import torch
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+
+
+__all__ = [
+    "HOST",
+    "advise",
+    "configure",
+    "engine_library",
+    "get_config",
+    "injection_info",
+    "is_available",
+    "is_enabled",
+    "is_managed",
+    "prefetch",
+    "reset_peak",
+    "set_device_budget",
+    "set_host_headroom",
+    "set_max_managed",
+    "stats",
+]
+
+#: ``device`` value meaning host RAM, for :func:`prefetch` and :func:`advise`.
+HOST = -1
+
+_ABI_VERSION = 1
+_ERRLEN = 1024
+
+# torch.nn is not imported yet when torch.cuda imports this module.
+Size = int | str
+DeviceLike = torch.device | str | int | None
+TensorsLike = Union[torch.Tensor, "Module", Iterable[torch.Tensor]]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "struct_size",
+            "managed_segments",
+            "managed_bytes",
+            "device_placed_bytes",
+            "host_placed_bytes",
+            "unplaced_bytes",
+            "prefetches",
+            "prefetch_bytes",
+            "prefetches_skipped_capture",
+            "device_budget_bytes",
+            "device_total_bytes",
+            "total_managed_bytes",
+            "peak_managed_bytes",
+            "cap_refusals",
+            "headroom_refusals",
+        )
+    ]
+
+
+class _InjectInfo(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "struct_size",
+            "interposed",
+            "attached",
+            "segment_allocs",
+            "segment_frees",
+            "passthrough_mallocs",
+            "passthrough_frees",
+            "block_allocs",
+            "block_frees",
+            "segment_alloc_events",
+            "segment_free_events",
+            "oom_events",
+            "captures_underway",
+            "ipc_refusals",
+        )
+    ]
+
+
+_ADVICE: dict[str, int] = {
+    "preferred_location": 1,
+    "unset_preferred_location": 2,
+    "accessed_by": 3,
+    "unset_accessed_by": 4,
+    "read_mostly": 5,
+    "unset_read_mostly": 6,
+}
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    c = ctypes
+    sigs: dict[str, tuple[object, list[object]]] = {
+        "torch_um_abi_version": (c.c_int, []),
+        "torch_um_configure": (c.c_int, [c.c_char_p, c.c_char_p, c.c_size_t]),
+        "torch_um_get_config": (c.c_long, [c.c_char_p, c.c_size_t]),
+        "torch_um_enabled": (c.c_int, []),
+        "torch_um_is_managed": (c.c_int, [c.c_void_p]),
+        "torch_um_get_stats": (c.c_int, [c.c_int, c.POINTER(_Stats)]),
+        "torch_um_reset_peak": (None, []),
+        "torch_um_prefetch": (
+            c.c_int,
+            [c.c_void_p, c.c_size_t, c.c_int, c.c_void_p, c.c_char_p, c.c_size_t],
+        ),
+        "torch_um_advise": (
+            c.c_int,
+            [c.c_void_p, c.c_size_t, c.c_int, c.c_int, c.c_char_p, c.c_size_t],
+        ),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def _bind_inject(lib: ctypes.CDLL) -> bool:
+    c = ctypes
+    try:
+        lib.torch_um_inject_attach.restype = c.c_int
+        lib.torch_um_inject_attach.argtypes = [c.c_char_p, c.c_size_t]
+        lib.torch_um_inject_info.restype = c.c_int
+        lib.torch_um_inject_info.argtypes = [c.POINTER(_InjectInfo)]
+        lib.torch_um_inject_library_path.restype = c.c_char_p
+        lib.torch_um_inject_library_path.argtypes = []
+    except AttributeError:
+        return False
+    return True
+
+
+def _find_engine() -> tuple[ctypes.CDLL | None, str, str | None]:
+    """(library, path kind, file): the engine of this process, if any.
+
+    ``inject``: torch/lib/libtorch_um.so (loaded by ``import torch``);
+    ``source``: a rebuilt torch/lib/libc10_cuda.so that carries the engine;
+    ``preload``: libtorch_um.so preloaded into a stock install.
+    """
+    if platform.system() != "Linux":
+        return None, "", None
+    libdir = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
+    candidates = [
+        ("inject", os.path.join(libdir, "libtorch_um.so")),
+        ("source", os.path.join(libdir, "libc10_cuda.so")),
+    ]
+    for kind, path in candidates:
+        if not os.path.exists(path):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        if hasattr(lib, "torch_um_abi_version"):
+            return lib, kind, path
+    try:
+        lib = ctypes.CDLL(None)
+    except OSError:
+        return None, "", None
+    if hasattr(lib, "torch_um_abi_version") and hasattr(lib, "torch_um_inject_info"):
+        return lib, "preload", None
+    return None, "", None
+
+
+_lib, _kind, _path = _find_engine()
+if _lib is not None:
+    _bind(_lib)
+    _version = int(_lib.torch_um_abi_version())
+    if _version != _ABI_VERSION:
+        warnings.warn(
+            f"torch.cuda.um: the engine's C API is version {_version}, this module "
+            f"speaks {_ABI_VERSION}; unified-memory helpers are unavailable",
+            stacklevel=2,
+        )
+        _lib, _kind, _path = None, "", None
+_injected = _lib is not None and _kind in ("inject", "preload") and _bind_inject(_lib)
+
+
+def _engine() -> ctypes.CDLL:
+    if _lib is None:
+        raise RuntimeError(
+            "torch.cuda.um: this torch has no unified-memory engine (it is not a "
+            "torch-um '+um' build and libtorch_um.so is not preloaded)"
+        )
+    return _lib
+
+
+def is_available() -> bool:
+    """Whether this torch carries the unified-memory engine."""
+    return _lib is not None
+
+
+def engine_library() -> str | None:
+    """The file of the engine (``None`` without one, or when preloaded)."""
+    return _path
+
+
+def is_enabled() -> bool:
+    """Whether new allocator segments are managed memory."""
+    return _lib is not None and bool(_lib.torch_um_enabled())
+
+
+def _size(value: Size, what: str) -> str:
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a byte count (int) or a size string, not bool")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{what} must not be negative, got {value}")
+        return str(value)
+    if isinstance(value, str):
+        return value.strip()
+    raise TypeError(f"{what} must be an int or a str, got {type(value).__name__}")
+
+
+def configure(
+    conf: str | None = None,
+    *,
+    enabled: bool | None = None,
+    max_managed: Size | None = None,
+    device_budget: Size | None = None,
+    host_headroom: Size | None = None,
+    prefetch: bool | None = None,
+) -> None:
+    """Change the engine's settings for allocations made from now on.
+
+    ``conf`` is ``PYTORCH_CUDA_UM_CONF`` text; the keyword arguments override
+    single keys (``None`` leaves a key unchanged; ``max_managed="none"``
+    removes the cap). All or nothing: on a bad key or value, nothing changes
+    and :class:`ValueError` carries the engine's message.
+
+    Example::
+
+        torch.cuda.um.configure(device_budget="8GiB", max_managed=64 << 30)
+    """
+    parts: list[str] = []
+    if conf is not None:
+        if not isinstance(conf, str):
+            raise TypeError(f"conf must be a str, got {type(conf).__name__}")
+        if conf.strip():
+            parts.append(conf.strip())
+    for key, flag in (("enabled", enabled), ("prefetch", prefetch)):
+        if flag is not None:
+            if not isinstance(flag, bool):
+                raise TypeError(f"{key} must be a bool, got {type(flag).__name__}")
+            parts.append(f"{key}:{flag}")
+    for key, size in (
+        ("max_managed", max_managed),
+        ("device_budget", device_budget),
+        ("host_headroom", host_headroom),
+    ):
+        if size is not None:
+            parts.append(f"{key}:{_size(size, key)}")
+    if not parts:
+        return
+    lib = _engine()
+    err = ctypes.create_string_buffer(_ERRLEN)
+    if lib.torch_um_configure(",".join(parts).encode(), err, _ERRLEN) != 0:
+        raise ValueError(err.value.decode(errors="replace"))
+
+
+def set_device_budget(budget: Size) -> None:
+    """Per-GPU managed bytes placed on the device: bytes, a size or ``"N%"``."""
+    configure(device_budget=budget)
+
+
+def set_max_managed(cap: Size | None) -> None:
+    """Cap on managed bytes over all GPUs; ``None`` removes the cap."""
+    configure(max_managed="none" if cap is None else cap)
+
+
+def set_host_headroom(headroom: Size) -> None:
+    """Host RAM that a host-placed segment must leave available."""
+    configure(host_headroom=headroom)
+
+
+def get_config() -> dict[str, str]:
+    """The effective settings, e.g. ``{"enabled": "True", "max_managed": "none", ...}``.
+
+    Raises :class:`ValueError` if ``PYTORCH_CUDA_UM_CONF`` is malformed.
+    """
+    lib = _engine()
+    need = int(lib.torch_um_get_config(None, 0))
+    buf = ctypes.create_string_buffer(max(need, _ERRLEN) + 1)
+    n = int(lib.torch_um_get_config(buf, len(buf)))
+    if n < 0:
+        raise ValueError(buf.value.decode(errors="replace"))
+    out: dict[str, str] = {}
+    for item in buf.value.decode().split(","):
+        if item:
+            key, _, value = item.partition(":")
+            out[key] = value
+    return out
+
+
+def _device_index(device: DeviceLike, *, allow_host: bool) -> int:
+    if device is None:
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    if isinstance(device, bool):
+        raise TypeError("device must be a torch.device, a str or an int")
+    if isinstance(device, int):
+        if device == HOST and allow_host:
+            return HOST
+        if device < 0:
+            raise ValueError(f"bad device index {device}")
+        return device
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        if not allow_host:
+            raise ValueError("a CUDA device is required here, not 'cpu'")
+        return HOST
+    if dev.type != "cuda":
+        raise ValueError(f"unified memory is for CUDA devices, not {dev.type!r}")
+    if dev.index is None:
+        return torch.cuda.current_device()
+    return dev.index
+
+
+def stats(device: DeviceLike = None) -> dict[str, int]:
+    """Unified-memory counters, in the style of :func:`torch.cuda.memory_stats`.
+
+    Keys (all ints): ``um.enabled``, ``um.managed_segments``,
+    ``um.managed_bytes``, ``um.device_placed_bytes``, ``um.host_placed_bytes``,
+    ``um.unplaced_bytes``, ``um.prefetches``, ``um.prefetch_bytes``,
+    ``um.prefetches_skipped_capture``, ``um.device_budget_bytes``,
+    ``um.device_total_bytes`` (this device), ``um.total_managed_bytes``,
+    ``um.peak_managed_bytes``, ``um.cap_refusals``, ``um.headroom_refusals``
+    (whole process). Empty without an engine. Does not initialise CUDA.
+    """
+    if _lib is None:
+        return {}
+    index = _device_index(device, allow_host=False)
+    s = _Stats()
+    s.struct_size = ctypes.sizeof(_Stats)
+    if _lib.torch_um_get_stats(index, ctypes.byref(s)) != 0:
+        raise ValueError(f"torch.cuda.um.stats: bad device {index}")
+    out = {"um.enabled": int(is_enabled())}
+    for name, _ in _Stats._fields_:
+        if name != "struct_size":
+            out["um." + name] = int(getattr(s, name))
+    return out
+
+
+def reset_peak() -> None:
+    """Reset ``um.peak_managed_bytes`` to the current managed bytes."""
+    _engine().torch_um_reset_peak()
+
+
+def injection_info() -> dict[str, int]:
+    """Counters of the injection path (empty on the source path).
+
+    ``interposed`` is 1 when the caching allocator's ``cudaMalloc`` is the
+    engine's; ``segment_allocs`` counts the segments it took through it;
+    ``block_allocs``/``block_frees`` come from the allocator's trace tracker
+    (``attached``) once CUDA is initialised.
+    """
+    if not _injected or _lib is None:
+        return {}
+    info = _InjectInfo()
+    info.struct_size = ctypes.sizeof(_InjectInfo)
+    if _lib.torch_um_inject_info(ctypes.byref(info)) != 0:
+        return {}
+    return {
+        name: int(getattr(info, name))
+        for name, _ in _InjectInfo._fields_
+        if name != "struct_size"
+    }
+
+
+def is_managed(obj: torch.Tensor | torch.UntypedStorage | int) -> bool:
+    """Whether a tensor's (or storage's, or address's) memory is managed memory."""
+    if _lib is None:
+        return False
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type != "cuda":
+            return False
+        ptr = obj.untyped_storage().data_ptr()
+    elif isinstance(obj, torch.UntypedStorage):
+        if obj.device.type != "cuda":
+            return False
+        ptr = obj.data_ptr()
+    elif isinstance(obj, int) and not isinstance(obj, bool):
+        ptr = obj
+    else:
+        raise TypeError(
+            f"expected a Tensor, an UntypedStorage or an address, got {type(obj).__name__}"
+        )
+    return ptr != 0 and bool(_lib.torch_um_is_managed(ctypes.c_void_p(ptr)))
+
+
+def _tensors(obj: TensorsLike) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, torch.nn.Module):  # imported by now
+        return [*obj.parameters(), *obj.buffers()]
+    items = list(obj)
+    for t in items:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"expected tensors, got {type(t).__name__}")
+    return items
+
+
+def _storage_ranges(obj: TensorsLike) -> list[tuple[int, int, int]]:
+    """(address, bytes, device) of each distinct managed CUDA storage."""
+    seen: set[int] = set()
+    out = []
+    for t in _tensors(obj):
+        if t.device.type != "cuda":
+            continue
+        st = t.untyped_storage()
+        ptr, size = st.data_ptr(), st.nbytes()
+        if ptr == 0 or size == 0 or ptr in seen or not is_managed(ptr):
+            continue
+        seen.add(ptr)
+        out.append((ptr, size, t.device.index or 0))
+    return out
+
+
+def prefetch(
+    obj: TensorsLike,
+    device: DeviceLike = None,
+    stream: torch.cuda.Stream | None = None,
+) -> int:
+    """Migrate the managed memory of tensors (or a module's parameters and
+    buffers) to a GPU (``device``: index, ``"cuda:N"``; ``None``: the current
+    one) or to host RAM (``"cpu"`` or :data:`HOST`), ordered on ``stream``
+    (default: the current stream of the tensor's device). Tensors that are not
+    managed are skipped. Returns the number of bytes whose prefetch was issued.
+    Do not call while a CUDA graph is being captured.
+    """
+    lib = _engine()
+    location = _device_index(device, allow_host=True)
+    err = ctypes.create_string_buffer(_ERRLEN)
+    total = 0
+    for ptr, size, dev in _storage_ranges(obj):
+        s = stream if stream is not None else torch.cuda.current_stream(dev)
+        rc = lib.torch_um_prefetch(
+            ctypes.c_void_p(ptr), size, location, ctypes.c_void_p(s.cuda_stream), err, _ERRLEN
+        )
+        if rc != 0:
+            raise RuntimeError(err.value.decode(errors="replace"))
+        total += size
+    return total
+
+
+def advise(obj: TensorsLike, advice: str, device: DeviceLike = None) -> int:
+    """Apply ``cudaMemAdvise`` to the managed memory of tensors (or a module).
+
+    ``advice``: ``preferred_location``, ``accessed_by``, ``read_mostly`` or
+    their ``unset_`` forms. ``device``: a GPU, or ``"cpu"``/:data:`HOST` (for
+    ``preferred_location``). Returns the number of bytes advised.
+    """
+    lib = _engine()
+    if advice not in _ADVICE:
+        raise ValueError(f"unknown advice {advice!r}; expected one of {', '.join(_ADVICE)}")
+    location = _device_index(device, allow_host=True)
+    err = ctypes.create_string_buffer(_ERRLEN)
+    total = 0
+    for ptr, size, _dev in _storage_ranges(obj):
+        rc = lib.torch_um_advise(
+            ctypes.c_void_p(ptr), size, _ADVICE[advice], location, err, _ERRLEN
+        )
+        if rc != 0:
+            raise RuntimeError(err.value.decode(errors="replace"))
+        total += size
+    return total
+
+
+# ---- wiring into torch (injection path) --------------------------------------
+
+_IPC_MESSAGE = (
+    "This CUDA tensor lives in unified (managed) memory, which CUDA IPC cannot "
+    "share between processes (cudaIpcGetMemHandle rejects it). Share it through "
+    "CPU memory (tensor.cpu()), or run the producing process with "
+    "PYTORCH_CUDA_UM_CONF=enabled:False (or call "
+    "torch.cuda.um.configure(enabled=False) before allocating the tensor)."
+)
+
+_attach_lock = threading.Lock()
+_attach_error: str | None = None
+
+
+def _attach() -> None:
+    """Runs once CUDA is initialised (torch.cuda._lazy_call)."""
+    global _attach_error
+    if not _injected or _lib is None:
+        return
+    with _attach_lock:
+        err = ctypes.create_string_buffer(_ERRLEN)
+        rc = int(_lib.torch_um_inject_attach(err, _ERRLEN))
+        if rc != 0:
+            _attach_error = err.value.decode(errors="replace")
+            if is_enabled():
+                warnings.warn(f"torch.cuda.um: {_attach_error}", stacklevel=2)
+        _drop_expandable_segments()
+
+
+def _expandable_requested() -> bool:
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        for item in os.environ.get(var, "").split(","):
+            key, _, value = item.partition(":")
+            if key.strip() == "expandable_segments" and value.strip().lower() == "true":
+                return True
+    return False
+
+
+def _drop_expandable_segments() -> None:
+    # Expandable segments (cuMemMap) cannot be managed memory: as on the
+    # source path, the request is dropped with one warning while UM is on.
+    if not is_enabled() or not _expandable_requested():
+        return
+    warnings.warn(
+        "unified memory: expandable_segments:True is ignored because expandable "
+        "segments (cuMemCreate/cuMemMap) cannot be managed memory. Set "
+        "PYTORCH_CUDA_UM_CONF=enabled:False to use them instead of unified memory.",
+        stacklevel=3,
+    )
+    torch._C._accelerator_setAllocatorSettings("expandable_segments:False")
+
+
+def _guard_ipc() -> None:
+    # torch.multiprocessing shares CUDA tensors through
+    # UntypedStorage._share_cuda_ (cudaIpcGetMemHandle): refuse managed ones
+    # with a message that says how to opt out. The engine also refuses in C++.
+    storage_cls = torch.UntypedStorage
+    original = storage_cls._share_cuda_
+    if getattr(original, "_torch_um_guard", False):
+        return
+
+    def _share_cuda_(self: torch.UntypedStorage, *args: object, **kwargs: object) -> object:
+        if is_managed(self):
+            raise RuntimeError(_IPC_MESSAGE)
+        return original(self, *args, **kwargs)
+
+    _share_cuda_._torch_um_guard = True  # type: ignore[attr-defined]
+    _share_cuda_.__doc__ = original.__doc__
+    storage_cls._share_cuda_ = _share_cuda_  # type: ignore[method-assign]
+
+
+def _install() -> None:
+    if _lib is None:
+        return
+    _guard_ipc()
+    if _injected:
+        # torch.cuda is still being imported: take _lazy_call from the module.
+        from torch.cuda import _lazy_call
+
+        _lazy_call(_attach)
+
+
+_install()

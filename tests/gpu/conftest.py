@@ -1,0 +1,137 @@
+"""GPU suite of the injection path (torch 2.11 + libtorch_um.so).
+
+Runs against a torch whose package is set up exactly as a ``+um`` wheel has it
+(``tests/gpu/run_on_device.sh`` stages one from the host's torch). Skips
+cleanly without torch or without a GPU; with ``TORCH_UM_GPU_REQUIRE=1`` (set by
+the device script) a missing engine is a failure, not a skip.
+
+Managed-memory safety rule (design notes, section 4): free GPU memory is read
+once at the start, and every test runs with the engine's total cap
+(``max_managed``) at 80 % of it or less. Oversubscription is exercised against
+a device budget far below free memory, never against physical memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.gpu)
+
+
+@dataclass(frozen=True)
+class Limits:
+    free_at_start: int
+    total: int
+    cap: int  # max_managed for every test: <= 80 % of free memory at start
+    budget: int  # device budget for oversubscription tests
+
+
+def _torch() -> Any:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    return torch
+
+
+@pytest.fixture(scope="session")
+def um() -> Any:
+    """torch.cuda.um, after checking that the engine reaches the allocator."""
+    torch = _torch()
+    required = os.environ.get("TORCH_UM_GPU_REQUIRE") == "1"
+    um = getattr(torch.cuda, "um", None)
+    problem = None
+    if um is None:
+        problem = "torch.cuda.um is missing: this torch is not a +um build"
+    elif not um.is_available():
+        problem = "torch.cuda.um finds no unified-memory engine"
+    elif um.injection_info().get("interposed") != 1:
+        problem = f"cudaMalloc is not interposed: {um.injection_info()}"
+    if problem:
+        if required:
+            pytest.fail(problem)
+        pytest.skip(problem)
+    return um
+
+
+@pytest.fixture(scope="session")
+def limits(um: Any) -> Limits:
+    torch = _torch()
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info()
+    cap = int(free * 0.8)
+    # Oversubscription budget: well below free memory, and small enough that
+    # 2x budget (the Listing 1 tensor) plus its square stay under the cap.
+    budget = min(4 * GiB, cap // 8)
+    print(
+        f"\n[um] GPU {torch.cuda.get_device_name()} total {total / GiB:.1f} GiB, "
+        f"free at start {free / GiB:.1f} GiB, cap {cap / GiB:.1f} GiB, "
+        f"oversubscription budget {budget / GiB:.1f} GiB"
+    )
+    return Limits(free_at_start=free, total=total, cap=cap, budget=budget)
+
+
+def release_cache(torch: Any) -> None:
+    """Free every cached segment, cuBLAS workspaces included (they are allocator blocks
+    whose segments would otherwise host later allocations of the other UM mode)."""
+    gc.collect()
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
+
+
+def _reset(torch: Any, um: Any, limits: Limits) -> None:
+    release_cache(torch)
+    um.configure(
+        enabled=True,
+        max_managed=limits.cap,
+        device_budget="90%",
+        host_headroom="2GiB",
+        prefetch=True,
+    )
+    torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+@pytest.fixture(autouse=True)
+def _um_safety(request: pytest.FixtureRequest) -> Iterator[None]:
+    if "limits" not in request.fixturenames and "um" not in request.fixturenames:
+        yield
+        return
+    torch = _torch()
+    um = request.getfixturevalue("um")
+    limits = request.getfixturevalue("limits")
+    _reset(torch, um, limits)
+    assert int(um.get_config()["max_managed"]) <= limits.cap
+    yield
+    _reset(torch, um, limits)
+
+
+@pytest.fixture
+def torch_mod(um: Any) -> Any:
+    return _torch()
+
+
+def subprocess_env(limits: Limits, **extra: str) -> dict[str, str]:
+    """Environment for a child Python process: capped like the tests."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # Each child has its own cap; the parent's cache is emptied before, so
+    # parent and child together stay under the 80 % rule.
+    env["PYTORCH_CUDA_UM_CONF"] = f"max_managed:{min(limits.cap // 4, 8 * GiB)}"
+    env.update(extra)
+    return env

@@ -1,0 +1,175 @@
+"""Processes: DataLoader workers, CUDA IPC refusal, UM off per process, preload."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from tests.gpu.conftest import Limits, subprocess_env
+
+torch = pytest.importorskip("torch")
+
+IPC_HINT = "PYTORCH_CUDA_UM_CONF=enabled:False"
+
+
+class _Regression(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __init__(self, n: int = 4096) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 64, generator=g)
+        self.w = torch.randn(64, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        x = self.x[i]
+        return x, x @ self.w
+
+
+def test_dataloader_workers_pin_memory(torch_mod: Any, um: Any, limits: Limits) -> None:
+    loader = torch.utils.data.DataLoader(
+        _Regression(), batch_size=128, shuffle=True, num_workers=2, pin_memory=True
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    first = last = None
+    for _epoch in range(3):
+        for xb, yb in loader:
+            assert xb.is_pinned() and yb.is_pinned()
+            xb, yb = xb.cuda(non_blocking=True), yb.cuda(non_blocking=True)
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            first = float(loss) if first is None else first
+            last = float(loss)
+    assert um.is_managed(model.weight)
+    assert first is not None and last is not None and last < 0.05 * first, (first, last)
+
+
+def test_sharing_managed_cuda_tensor_fails_clearly(torch_mod: Any, um: Any, limits: Limits) -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing
+
+    t = torch.ones(1024, device="cuda")
+    assert um.is_managed(t)
+    with pytest.raises(RuntimeError, match=IPC_HINT):
+        ForkingPickler.dumps(t)
+    # The process keeps working, and with UM off new tensors share as stock.
+    assert float(t.sum()) == 1024
+    del t  # its managed segment must not host the next block
+    um.configure(enabled=False)
+    torch.cuda.empty_cache()
+    plain = torch.ones(1024, device="cuda")
+    assert not um.is_managed(plain)
+    assert len(ForkingPickler.dumps(plain)) > 0
+
+
+def _run_child(code: str, env: dict[str, str], timeout: int = 180) -> str:
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    out = proc.stdout + proc.stderr
+    print(out)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_ipc_refused_in_cpp_too(torch_mod: Any, um: Any, limits: Limits) -> None:
+    # Bypass the Python guard: the interposed cudaIpcGetMemHandle refuses with
+    # the engine's c10::Error, which surfaces as RuntimeError (no crash).
+    _run_child(
+        f"""
+        import torch
+        t = torch.ones(1024, device="cuda")
+        assert torch.cuda.um.is_managed(t)
+        try:
+            torch._C.StorageBase._share_cuda_(t.untyped_storage())
+        except RuntimeError as e:
+            assert {IPC_HINT!r} in str(e), str(e)
+            print("REFUSED", torch.cuda.um.injection_info()["ipc_refusals"])
+        else:
+            raise SystemExit("managed storage was exported through CUDA IPC")
+        assert float(t.sum()) == 1024
+        """,
+        subprocess_env(limits),
+    )
+
+
+def test_um_off_per_process_is_stock(torch_mod: Any, um: Any, limits: Limits) -> None:
+    out = _run_child(
+        """
+        import torch
+        from multiprocessing.reduction import ForkingPickler
+        import torch.multiprocessing
+        t = torch.ones(1 << 20, device="cuda")
+        assert torch.cuda.um.is_enabled() is False
+        assert not torch.cuda.um.is_managed(t)
+        assert torch.cuda.um.stats()["um.managed_bytes"] == 0
+        assert len(ForkingPickler.dumps(t)) > 0
+        print("STOCK", torch.cuda.memory_reserved())
+        """,
+        subprocess_env(limits, PYTORCH_CUDA_UM_CONF="enabled:False"),
+    )
+    assert "STOCK" in out
+
+
+def test_bad_config_is_reported(torch_mod: Any, um: Any, limits: Limits) -> None:
+    out = _run_child(
+        """
+        import torch
+        try:
+            torch.ones(16, device="cuda")
+        except RuntimeError as e:
+            print("ERROR", e)
+        """,
+        subprocess_env(limits, PYTORCH_CUDA_UM_CONF="device_budget:lots"),
+    )
+    assert "ERROR" in out and "device_budget" in out
+
+
+def test_preload_into_stock_torch(torch_mod: Any, um: Any, limits: Limits) -> None:
+    lib = os.environ.get("TORCH_UM_PRELOAD_LIB")
+    stock_path = os.environ.get("TORCH_UM_STOCK_PYTHONPATH")
+    if not lib or stock_path is None:
+        pytest.skip("set by tests/gpu/run_on_device.sh (TORCH_UM_PRELOAD_LIB)")
+    env = subprocess_env(limits)
+    env["PYTHONPATH"] = stock_path
+    # The documented route (docs/injection.md): torch/lib and the CUDA runtime
+    # of the stock install on the library path, the engine preloaded.
+    find = (
+        "import importlib.util,os;print(os.path.dirname(importlib.util.find_spec('torch').origin))"
+    )
+    torch_dir = subprocess.run(
+        [sys.executable, "-c", find], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    torch_lib = os.path.join(torch_dir, "lib")
+    env["LD_LIBRARY_PATH"] = f"{torch_lib}:{torch_lib}/../../nvidia/cu13/lib"
+    env["LD_PRELOAD"] = lib
+    out = _run_child(
+        """
+        import ctypes, torch
+        assert not hasattr(torch.cuda, "um"), "expected a stock torch"
+        g = ctypes.CDLL(None)
+        t = torch.ones(1 << 20, device="cuda")
+        assert g.torch_um_is_managed(ctypes.c_void_p(t.data_ptr())) == 1
+        y = (t * 2).sum()
+        assert float(y) == 2 * (1 << 20)
+        print("PRELOADED", torch.__file__)
+        """,
+        env,
+    )
+    assert "PRELOADED" in out
