@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from build_scripts import inject_path, matrix, pipeline
+from build_scripts import inject_path, matrix, official, pipeline, source_path
 from build_scripts.errors import BuildError
 from build_scripts.paths import REPO_ROOT
 
@@ -94,19 +94,34 @@ def test_invalid_yaml(tmp_path: Path) -> None:
         matrix.load("9.1.0", tmp_path)
 
 
-def test_inject_integration_dispatches_to_the_inject_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+class _PathChosen(Exception):
+    pass
+
+
+@pytest.mark.parametrize("integration", ["source", "inject"])
+def test_pipeline_dispatches_to_the_integration_path(
+    integration: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_matrix(tmp_path / "patches", matrix_doc("9.1.0", integration="inject"))
-    seen: list[tuple[str, str]] = []
+    write_matrix(tmp_path / "patches", matrix_doc("9.1.0", integration=integration))
+    fetched = object()
+    seen: list[tuple[str, str, object]] = []
 
-    def fake_build(m: matrix.VersionMatrix, python: str, **kwargs: object) -> str:
-        seen.append((m.integration, python))
-        return "inject-result"
+    def fake_fetch(m: matrix.VersionMatrix, python: str, cache: Path) -> object:
+        return fetched
 
-    monkeypatch.setattr(inject_path, "build", fake_build)
-    assert pipeline.build("9.1.0", "3.11", repo=tmp_path, cache=tmp_path / "c") == "inject-result"  # type: ignore[comparison-overlap]
-    assert seen == [("inject", "3.11")]
+    def recorder(name: str) -> object:
+        def fake_build(m: matrix.VersionMatrix, inputs: object, python: str, **kw: object) -> None:
+            seen.append((name, m.integration, inputs))
+            raise _PathChosen
+
+        return fake_build
+
+    monkeypatch.setattr(official, "fetch_inputs", fake_fetch)
+    monkeypatch.setattr(source_path, "build", recorder("source_path"))
+    monkeypatch.setattr(inject_path, "build", recorder("inject_path"))
+    with pytest.raises(_PathChosen):
+        pipeline.build("9.1.0", "3.11", repo=tmp_path, cache=tmp_path / "c")
+    assert seen == [(f"{integration}_path", integration, fetched)]
 
 
 def test_default_version_is_one_makefile_variable() -> None:

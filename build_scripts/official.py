@@ -1,0 +1,75 @@
+"""Step 2 of every build: the official wheel and the CUDA header packages, verified.
+
+Both integration paths compile against the same inputs: the official wheel (its
+``torch/include`` and libraries) and the CUDA headers, plus the runtime library to link
+against, of the wheel's CUDA version from the registry. Everything is downloaded once into
+the cache and checked against the sha256 that ``upstream.yaml`` pins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from build_scripts import fetch, matrix, progress, wheel_parts
+from build_scripts.errors import BuildError
+
+
+@dataclass(frozen=True)
+class OfficialInputs:
+    wheel: Path  # the official wheel, verified
+    pin: matrix.WheelPin
+    cuda_include: tuple[Path, ...]  # header directories of the CUDA packages
+    cudart: Path  # libcudart.so.N to link against
+
+
+def fetch_inputs(m: matrix.VersionMatrix, python: str, cache: Path) -> OfficialInputs:
+    pin = m.wheel.for_python(python)
+    progress.step(
+        f"torch {m.um_version} for Python {python} ({m.integration} path): "
+        f"official wheel {pin.filename}"
+    )
+    wheel = fetch.pip_download(
+        f"torch=={m.torch_version}",
+        pin.filename,
+        pin.sha256,
+        cache / "wheels",
+        python_version=python,
+        platform=pin.platform,
+        abi=pin.cp_tag,
+    )
+    cuda_include: list[Path] = []
+    cudart: Path | None = None
+    for pkg in m.cuda_packages:
+        whl = fetch.pip_download(
+            f"{pkg.name}=={pkg.version}",
+            pkg.filename,
+            pkg.sha256,
+            cache / "cuda-wheels",
+            python_version=python,
+            platform=first_platform(pkg.filename),
+        )
+        lib = pkg.library
+        root = wheel_parts.extract(
+            whl,
+            cache / "cuda" / f"{pkg.name}-{pkg.version}",
+            under(pkg.include, lib),
+            pkg.name,
+        )
+        cuda_include.append(wheel_parts.require(root / pkg.include, f"{pkg.name} headers"))
+        if lib and "cudart" in Path(lib).name:
+            cudart = wheel_parts.require(root / lib, f"{pkg.name} {Path(lib).name}")
+    if cudart is None:
+        raise BuildError(f"{m.directory}/upstream.yaml: no cuda_packages entry has libcudart")
+    return OfficialInputs(wheel, pin, tuple(cuda_include), cudart)
+
+
+def under(directory: str, also: str | None = None) -> Callable[[str], bool]:
+    """Wheel member filter: everything under ``directory``, plus the file ``also``."""
+    return lambda name: name.startswith(directory + "/") or name == also
+
+
+def first_platform(filename: str) -> str:
+    """First platform tag of a wheel file name (pip takes one, not a compressed set)."""
+    return filename.removesuffix(".whl").rsplit("-", 1)[-1].split(".")[0]

@@ -1,0 +1,80 @@
+"""The source path: torch versions whose exact upstream C++ source is reachable (2.6.0).
+
+``libc10_cuda.so`` is rebuilt from the upstream ``c10/cuda`` files with
+``patches/<version>/series`` applied, plus the engine of ``c10_overlay/``, against the
+official wheel's own headers, and replaces the official library in the wheel.
+
+ 3. sources        the pinned upstream c10/cuda files (TORCH_SRC, git, Debian), verified
+ 4. series         patches/<version>/series applied with no fuzz into a scratch copy
+ 5. overlay_build  CMake + Ninja on c10_overlay/ (UM_MODE=source) -> libc10_cuda.so
+ 6. abi            the gate: same exported c10 symbols, SONAME, NEEDED, RPATH; imports
+                   cudaMallocManaged
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from build_scripts import abi, matrix, overlay_build, progress, series, sources, wheel_parts
+from build_scripts.changes import WheelChanges
+from build_scripts.errors import BuildError
+from build_scripts.official import OfficialInputs
+from build_scripts.toolchain import Toolchain
+
+
+def build(
+    m: matrix.VersionMatrix,
+    official: OfficialInputs,
+    python: str,
+    *,
+    repo: Path,
+    cache: Path,
+    toolchain: Toolchain,
+) -> WheelChanges:
+    # The official headers, libc10.so to link against, and the library to replace.
+    wanted = {m.overlay.library, m.overlay.link_library}
+    unpacked = wheel_parts.extract(
+        official.wheel,
+        cache / "unpacked" / official.pin.sha256[:16],
+        lambda n: n.startswith("torch/include/") or n in wanted,
+        "torch/include + libc10",
+    )
+
+    # 3. Exact upstream sources, verified file by file.
+    upstream = sources.fetch_upstream(m, cache=cache)
+
+    # 4. The patch series, applied with no fuzz into a scratch copy.
+    patched = series.patched_tree(upstream, m.series_file, cache / "patched" / m.torch_version)
+
+    # 5. The overlay library, built against the official headers and libc10.so.
+    official_lib = unpacked / m.overlay.library
+    original = abi.read_elf(official_lib)
+    inputs = overlay_build.OverlayInputs(
+        source_dir=repo / "c10_overlay",
+        torch_include=unpacked / "torch" / "include",
+        torch_lib=unpacked / Path(m.overlay.link_library).parent,
+        upstream_c10_cuda=patched / "c10" / "cuda",
+        cuda_include=official.cuda_include,
+        cudart_lib=official.cudart,
+        cxx11_abi=m.wheel.cxx11_abi,
+        soname=m.overlay.soname,
+        rpath=original.rpath or "",
+    )
+    build_dir = overlay_build.build_dir_for(cache, m.torch_version, python, inputs)
+    library = overlay_build.build(inputs, build_dir, toolchain=toolchain)
+
+    # 6. ABI gate: same exported c10 symbols, SONAME, NEEDED and RPATH; uses UM.
+    rebuilt = abi.read_elf(library)
+    for note in abi.check_gate(
+        original,
+        rebuilt,
+        needed_may_add=m.overlay.needed_may_add,
+        needed_may_drop=m.overlay.needed_may_drop,
+    ):
+        progress.step(note)
+    if not abi.imports_symbol(rebuilt, "cudaMallocManaged"):
+        raise BuildError(
+            f"{library} does not import cudaMallocManaged: the patch series or the engine "
+            "did not make it into the build"
+        )
+    return WheelChanges(library, rebuilt, official_lib, {m.overlay.library: library})
