@@ -112,6 +112,36 @@ def check_gate(elf: abi.ElfInfo, soname: str, rpath: str | None, cudart_soname: 
         raise BuildError(f"{elf.path} fails the injection gate: " + "; ".join(problems))
 
 
+def _unpacked(m: matrix.VersionMatrix, official: OfficialInputs, cache: Path) -> Path:
+    wanted = {m.overlay.link_library, "torch/lib/libc10.so"} | {f.path for f in m.sources}
+    return wheel_parts.extract(
+        official.wheel,
+        cache / "unpacked-inject" / official.pin.sha256[:16],
+        lambda n: n.startswith("torch/include/") or n in wanted,
+        "torch/include + libc10 + Python files",
+    )
+
+
+def official_sources(m: matrix.VersionMatrix, official: OfficialInputs, cache: Path) -> Path:
+    """The official wheel's files that the series patches (upstream.yaml ``sources``, pinned
+    as found in the wheel), verified: what the build, ``series check`` and ``series refresh``
+    apply the series to on this path."""
+    unpacked = _unpacked(m, official, cache)
+    originals = cache / "inject-sources" / official.pin.sha256[:16]
+    with atomic_dir(originals) as tmp:
+        for f in m.sources:
+            src = wheel_parts.require(unpacked / f.path, f"{f.path} in {official.pin.filename}")
+            have = sha256_file(src)
+            if have != f.sha256:
+                raise BuildError(
+                    f"{f.path} in {official.pin.filename} has sha256 {have}, "
+                    f"upstream.yaml pins {f.sha256}"
+                )
+            (tmp / f.path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp / f.path)
+    return originals
+
+
 def build(
     m: matrix.VersionMatrix,
     official: OfficialInputs,
@@ -125,25 +155,8 @@ def build(
         raise BuildError(f"torch {m.torch_version} uses the {m.integration!r} path, not 'inject'")
 
     # 3. Headers, the libraries to link against, the Python files to patch.
-    wanted = {m.overlay.link_library, "torch/lib/libc10.so"} | {f.path for f in m.sources}
-    unpacked = wheel_parts.extract(
-        official.wheel,
-        cache / "unpacked-inject" / official.pin.sha256[:16],
-        lambda n: n.startswith("torch/include/") or n in wanted,
-        "torch/include + libc10 + Python files",
-    )
-    originals = cache / "inject-sources" / official.pin.sha256[:16]
-    with atomic_dir(originals) as tmp:
-        for f in m.sources:
-            src = wheel_parts.require(unpacked / f.path, f"{f.path} in {official.pin.filename}")
-            have = sha256_file(src)
-            if have != f.sha256:
-                raise BuildError(
-                    f"{f.path} in {official.pin.filename} has sha256 {have}, "
-                    f"upstream.yaml pins {f.sha256}"
-                )
-            (tmp / f.path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, tmp / f.path)
+    unpacked = _unpacked(m, official, cache)
+    originals = official_sources(m, official, cache)
 
     # 4. The Python patches, no fuzz.
     patched = series.patched_tree(
@@ -167,7 +180,7 @@ def build(
         rpath=original.rpath or "",
         mode="inject",
     )
-    build_dir = overlay_build.build_dir_for(cache, m.torch_version, python, inputs)
+    build_dir = overlay_build.build_dir_for(cache, m.torch_version, python, inputs, toolchain)
     library = overlay_build.build(inputs, build_dir, toolchain=toolchain)
 
     # 6. Gate.

@@ -79,9 +79,32 @@ def configure_command(tc: Toolchain, inputs: OverlayInputs, build_dir: Path) -> 
     return cmd
 
 
-def build_dir_for(cache: Path, torch_version: str, python: str, inputs: OverlayInputs) -> Path:
-    key = digest_of(inputs.cmake_defines() | {"source": str(inputs.source_dir)})
+def build_dir_for(
+    cache: Path,
+    torch_version: str,
+    python: str,
+    inputs: OverlayInputs,
+    toolchain: Toolchain | None = None,
+) -> Path:
+    """One build folder per set of inputs and compiler: ninja never reuses objects that
+    another compiler (a container's toolchain sharing the cache, say) produced."""
+    compiler = compiler_identity(toolchain.cxx) if toolchain else ""
+    key = digest_of(
+        inputs.cmake_defines() | {"source": str(inputs.source_dir), "compiler": compiler}
+    )
     return cache / "build" / f"{torch_version}-py{python}-{key}"
+
+
+def compiler_identity(cxx: Path) -> str:
+    """The compiler's resolved path and the first line of its ``--version``."""
+    try:
+        out = subprocess.run(
+            [str(cxx), "--version"], capture_output=True, text=True, check=False
+        ).stdout
+    except OSError:
+        out = ""
+    first = out.splitlines()[0] if out else ""
+    return f"{cxx.resolve()} {first}"
 
 
 def build(inputs: OverlayInputs, build_dir: Path, *, toolchain: Toolchain | None = None) -> Path:

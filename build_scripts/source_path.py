@@ -60,7 +60,7 @@ def build(
         soname=m.overlay.soname,
         rpath=original.rpath or "",
     )
-    build_dir = overlay_build.build_dir_for(cache, m.torch_version, python, inputs)
+    build_dir = overlay_build.build_dir_for(cache, m.torch_version, python, inputs, toolchain)
     library = overlay_build.build(inputs, build_dir, toolchain=toolchain)
 
     # 6. ABI gate: same exported c10 symbols, SONAME, NEEDED and RPATH; uses UM.
