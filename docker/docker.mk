@@ -13,8 +13,7 @@
 # CONTAINER_BASE=local substitutes the local Debian bases for the registry ones (built on
 # first use); TOOLCHAIN_BASE / RUNTIME_BASE / CUDA_DEVEL_BASE name any other (a site mirror).
 
-TORCH_VERSION ?= 2.6.0
-PYTHON ?= 3.11
+# TORCH_VERSION and PYTHON come from the main Makefile (its one default).
 
 # docker, podman or buildah; the first that works, docker only with a reachable daemon.
 CONTAINER_ENGINE ?= $(shell \
