@@ -11,6 +11,7 @@
 // block events come from its trace tracker, attached once CUDA initialised.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/um/ErrorText.h>
 #include <c10/cuda/um/UnifiedMemory.h>
 #include <c10/util/Exception.h>
 #include <c10/util/env.h>
@@ -326,14 +327,7 @@ __attribute__((noinline)) cudaError_t cudaIpcGetMemHandle(
 
 namespace {
 
-int fail(char* err, size_t errlen, const std::string& msg) {
-  if (err != nullptr && errlen > 0) {
-    size_t n = std::min(errlen - 1, msg.size());
-    std::memcpy(err, msg.data(), n);
-    err[n] = '\0';
-  }
-  return -1;
-}
+using c10::cuda::um::writeError;
 
 void onTrace(const c10::CachingDeviceAllocator::TraceEntry& e) {
   using A = c10::CachingDeviceAllocator::TraceEntry::Action;
@@ -381,11 +375,11 @@ TORCH_UM_API int torch_um_inject_attach(char* err, size_t errlen) {
   try {
     auto* alloc = c10::cuda::CUDACachingAllocator::get();
     if (alloc == nullptr) {
-      return fail(err, errlen, "the CUDA caching allocator is not set up");
+      return writeError(err, errlen, "the CUDA caching allocator is not set up");
     }
     std::string name = alloc->name();
     if (name != "native") {
-      fail(
+      writeError(
           err,
           errlen,
           "the CUDA allocator backend is '" + name +
@@ -398,9 +392,9 @@ TORCH_UM_API int torch_um_inject_attach(char* err, size_t errlen) {
     counters().attached.store(1);
     return 0;
   } catch (const c10::Error& e) {
-    return fail(err, errlen, e.what_without_backtrace());
+    return writeError(err, errlen, e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return fail(err, errlen, e.what());
+    return writeError(err, errlen, e.what());
   }
 }
 

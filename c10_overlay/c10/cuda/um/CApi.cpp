@@ -3,6 +3,7 @@
 #include <c10/cuda/um/c_api.h>
 
 #include <c10/cuda/um/CudaCompat.h>
+#include <c10/cuda/um/ErrorText.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -13,12 +14,7 @@ using c10::cuda::um::Engine;
 namespace {
 
 int fail(char* err, size_t errlen, const std::string& msg) {
-  if (err != nullptr && errlen > 0) {
-    size_t n = std::min(errlen - 1, msg.size());
-    std::memcpy(err, msg.data(), n);
-    err[n] = '\0';
-  }
-  return -1;
+  return c10::cuda::um::writeError(err, errlen, msg);
 }
 
 int cudaFail(char* err, size_t errlen, const char* what, cudaError_t e) {
