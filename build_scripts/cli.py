@@ -14,6 +14,7 @@ from pathlib import Path
 
 from build_scripts import matrix, repack, series, sources
 from build_scripts.errors import BuildError
+from build_scripts.paths import cache_root
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,7 +59,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         m = matrix.load(args.torch_version)
         if args.series_command == "check":
             return _series_check(m)
-        upstream = args.source or sources.fetch_upstream(m)
+        upstream = args.source or _series_base(m)
         changed = series.refresh(m.series_file, upstream)
         print("refreshed: " + (", ".join(changed) if changed else "nothing changed"))
     elif args.command == "validate":
@@ -67,8 +68,20 @@ def run(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _series_base(m: matrix.VersionMatrix) -> Path:
+    """What the series applies to: the pinned upstream files, or on the injection path the
+    official wheel's Python files (its ``sources`` pin them as found in the wheel)."""
+    if m.integration == "inject":
+        from build_scripts import inject_path, official
+
+        cache = cache_root()
+        inputs = official.fetch_inputs(m, m.wheel.files[0].python, cache)
+        return inject_path.official_sources(m, inputs, cache)
+    return sources.fetch_upstream(m)
+
+
 def _series_check(m: matrix.VersionMatrix) -> int:
-    upstream = sources.fetch_upstream(m)
+    upstream = _series_base(m)
     names = series.read_series(m.series_file)
     with tempfile.TemporaryDirectory(prefix="um-series-check-") as tmp:
         tree = Path(tmp) / "tree"

@@ -379,6 +379,7 @@ def stats(device: DeviceLike = None) -> dict[str, int]:
     s = _Stats()
     s.struct_size = ctypes.sizeof(_Stats)
     if _lib.torch_um_get_stats(index, ctypes.byref(s)) != 0:
+        get_config()  # raises the engine's own message if PYTORCH_CUDA_UM_CONF is malformed
         raise ValueError(f"torch.cuda.um.stats: bad device {index}")
     out = {"um.enabled": int(is_enabled())}
     for name, _ in _Stats._fields_:

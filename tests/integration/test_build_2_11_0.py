@@ -1,0 +1,207 @@
+"""The real torch 2.11.0+um build (injection path, the default TORCH_VERSION), end to end,
+and the wheel installed into a fresh venv.
+
+Cold, this downloads the official wheel (~900 MB), the CUDA 13 header packages and, for
+the venv, torch's dependencies (GBs of nvidia-* and cuda-* CUDA 13 packages), all cached
+under ${XDG_CACHE_HOME:-~/.cache}. The torch.cuda.um checks of this wheel are in
+test_um_cpu_api.py (shared with 2.6.0).
+"""
+
+from __future__ import annotations
+
+import difflib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from build_scripts import abi, cli, inject_path, matrix, pipeline, repack, series
+from build_scripts.fsutil import sha256_file
+from build_scripts.paths import REPO_ROOT, cache_root
+
+from ..unit.helpers import sha
+from .conftest import (
+    Build,
+    Install,
+    check_make_build,
+    check_platform_tag,
+    check_warm_rerun,
+    check_wheel_identity,
+    pip_check,
+    probe,
+)
+
+pytestmark = pytest.mark.integration
+VERSION = "2.11.0"
+PATCHED = ("torch/__init__.py", "torch/cuda/__init__.py")
+ADDED = ("torch/cuda/um.py", "torch/lib/libtorch_um.so")
+C_API = (  # everything torch/cuda/um.py binds with ctypes
+    "torch_um_abi_version",
+    "torch_um_configure",
+    "torch_um_get_config",
+    "torch_um_enabled",
+    "torch_um_is_managed",
+    "torch_um_get_stats",
+    "torch_um_reset_peak",
+    "torch_um_prefetch",
+    "torch_um_advise",
+    "torch_um_inject_attach",
+    "torch_um_inject_info",
+    "torch_um_inject_library_path",
+)
+
+
+@pytest.fixture(scope="module")
+def built(build_wheel: Build) -> pipeline.BuildResult:
+    return build_wheel(VERSION)
+
+
+@pytest.fixture(scope="module")
+def venv(install_wheel: Install, built: pipeline.BuildResult) -> Path:
+    return install_wheel(built)
+
+
+@pytest.fixture(scope="module")
+def official_wheel() -> Path:
+    pin = matrix.load(VERSION).wheel.for_python("3.11")
+    path = cache_root() / "wheels" / pin.filename
+    assert sha256_file(path) == pin.sha256
+    return path
+
+
+def test_wheel_name_version_and_tags(built: pipeline.BuildResult) -> None:
+    check_wheel_identity(built, VERSION, "70d99e998b4955e0049d13a98d77ae1b14db1f45", "13.0")
+
+
+def test_platform_tag_is_honest(built: pipeline.BuildResult) -> None:
+    check_platform_tag(built, "manylinux_2_28_x86_64")
+
+
+def test_record_is_valid(built: pipeline.BuildResult) -> None:
+    repack.validate(built.wheel)
+
+
+def test_only_the_injection_files_differ_from_the_official_wheel(
+    built: pipeline.BuildResult, official_wheel: Path
+) -> None:
+    """The official libraries (libc10_cuda.so included) are untouched; the wheel adds the
+    engine and um.py, and changes the two patched files and version.py, nothing else."""
+    with zipfile.ZipFile(official_wheel) as a, zipfile.ZipFile(built.wheel) as b:
+        old = {i.filename: (i.CRC, i.file_size) for i in a.infolist()}
+        new = {i.filename: (i.CRC, i.file_size) for i in b.infolist()}
+        not_dist_info = {n for n in old.keys() ^ new.keys() if ".dist-info/" not in n}
+        assert not_dist_info == set(ADDED)
+        changed = {n for n in old.keys() & new.keys() if old[n] != new[n]}
+        assert changed == {*PATCHED, "torch/version.py"}
+        assert b.read("torch/lib/libtorch_um.so") == built.rebuilt_library.read_bytes()
+        assert (
+            b.read("torch/cuda/um.py") == (REPO_ROOT / "c10_overlay/torch/cuda/um.py").read_bytes()
+        )
+
+
+def _added_lines(patch_text: str, path: str) -> list[str]:
+    """The ``+`` lines a patch adds to ``path``."""
+    out: list[str] = []
+    current = None
+    for line in patch_text.splitlines():
+        if line.startswith("+++ "):
+            current = line[4:].removeprefix("b/")
+        elif line.startswith("diff --git "):
+            current = None
+        elif current == path and line.startswith("+"):
+            out.append(line[1:])
+    return out
+
+
+@pytest.mark.parametrize("path", PATCHED)
+def test_patched_file_is_official_plus_the_series(
+    built: pipeline.BuildResult, official_wheel: Path, tmp_path: Path, path: str
+) -> None:
+    m = matrix.load(VERSION)
+    with zipfile.ZipFile(official_wheel) as a, zipfile.ZipFile(built.wheel) as b:
+        for each in PATCHED:  # the series patches them all: write them all
+            (tmp_path / each).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / each).write_bytes(a.read(each))
+        original, shipped = a.read(path), b.read(path)
+    assert sha(original) == {f.path: f.sha256 for f in m.sources}[path]
+    # the series, applied with no fuzz or offset to the official files, gives the wheel's file
+    names = series.read_series(m.series_file)
+    series.apply_series(m.series_file.parent, names, tmp_path, strict=True)
+    assert (tmp_path / path).read_bytes() == shipped
+    # and the difference is only lines added, exactly the ones the series adds to this file
+    diff = list(
+        difflib.unified_diff(original.decode().splitlines(), shipped.decode().splitlines(), n=0)
+    )
+    removed = [d for d in diff[2:] if d.startswith("-")]
+    added = [d[1:] for d in diff[2:] if d.startswith("+")]
+    assert removed == []
+    expected = [
+        line
+        for name in names
+        for line in _added_lines((m.series_file.parent / name).read_text(), path)
+    ]
+    assert added == expected and expected
+
+
+def test_engine_library_passes_the_injection_gate(built: pipeline.BuildResult) -> None:
+    elf = abi.read_elf(built.rebuilt_library)
+    official = abi.read_elf(built.official_library)
+    assert built.official_library.name == "libc10_cuda.so"
+    assert elf.soname == "libtorch_um.so"
+    assert elf.rpath == official.rpath and elf.rpath
+    assert "libcudart.so.13" in elf.needed
+    versions = inject_path.exported_versions(built.rebuilt_library)
+    for name in (
+        "cudaMalloc",
+        "cudaFree",
+        "cudaStreamBeginCapture",
+        "cudaStreamEndCapture",
+        "cudaIpcGetMemHandle",
+    ):
+        assert versions.get(name) == "libcudart.so.13", (name, versions.get(name))
+    assert not any(v == "libcudart.so.13" for n, v in versions.items() if n.startswith("torch_um"))
+    missing = [name for name in C_API if name not in elf.exported]
+    assert missing == []
+    assert abi.imports_symbol(elf, "cudaMallocManaged")
+    assert not abi.imports_symbol(elf, "cudaMalloc")  # it defines it
+    inject_path.check_gate(elf, "libtorch_um.so", official.rpath, "libcudart.so.13")
+
+
+def test_warm_rerun_reuses_everything(built: pipeline.BuildResult) -> None:
+    check_warm_rerun(built, VERSION)
+
+
+def test_make_build_defaults_to_this_version(built: pipeline.BuildResult) -> None:
+    check_make_build(built)  # no TORCH_VERSION: the Makefile's default
+
+
+def test_series_check_applies_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m build_scripts series check --torch-version 2.11.0``: the Python patches
+    apply with no fuzz or offset to the pinned files of the official wheel."""
+    assert cli.main(["series", "check", "--torch-version", VERSION]) == 0
+    out = capsys.readouterr().out
+    assert "2 patch(es) apply cleanly to v2.11.0 with no fuzz or offset" in out
+    assert "(torch/__init__.py)" in out and "(torch/cuda/__init__.py)" in out
+
+
+PROBE = """
+import json, os, torch
+lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+print(json.dumps({
+    "version": torch.__version__,
+    "cuda": torch.version.cuda,
+    "engine": os.path.join(lib, "libtorch_um.so"),
+    "c10_cuda": os.path.join(lib, "libc10_cuda.so"),
+    "sum": float(torch.arange(10.0).sum()),
+}))
+"""
+
+
+def test_import_torch_in_fresh_venv(venv: Path, built: pipeline.BuildResult) -> None:
+    got = probe(venv, PROBE)
+    assert got["version"] == "2.11.0+um"
+    assert got["cuda"] == "13.0"
+    assert got["sum"] == 45.0
+    assert sha256_file(Path(got["engine"])) == sha256_file(built.rebuilt_library)
+    assert sha256_file(Path(got["c10_cuda"])) == sha256_file(built.official_library)
+    pip_check(venv)

@@ -1,0 +1,276 @@
+"""torch.cuda.um in each built wheel, installed into a fresh venv, on a machine without a GPU.
+
+Both integration paths ship c10_overlay/torch/cuda/um.py; what differs is where the engine
+lives and who imports the module:
+
+- 2.6.0 (source path): the engine is inside the rebuilt ``torch/lib/libc10_cuda.so``;
+  torch/cuda/__init__.py is the official one, so ``import torch.cuda.um`` is explicit.
+- 2.11.0 (inject path): the engine is ``torch/lib/libtorch_um.so``, loaded with RTLD_GLOBAL
+  by the patched torch/__init__.py before the CUDA libraries; the patched
+  torch/cuda/__init__.py imports ``torch.cuda.um``.
+
+Every function used here is one that um.py documents as callable without a GPU: none may
+initialise CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from .conftest import Build, Install, probe
+
+pytestmark = pytest.mark.integration
+
+KEYS = "Keys: enabled, max_managed, device_budget, host_headroom, prefetch."
+DEFAULTS = {
+    "enabled": "True",
+    "max_managed": "none",
+    "device_budget": "90%",
+    "host_headroom": str(2 << 30),
+    "prefetch": "True",
+}
+
+
+class UmPath(NamedTuple):
+    version: str
+    engine: str  # file name of the library that carries the engine
+    imported_by_torch: bool  # torch.cuda imports torch.cuda.um (the patched __init__)
+
+
+PATHS = [
+    UmPath("2.6.0", "libc10_cuda.so", imported_by_torch=False),
+    UmPath("2.11.0", "libtorch_um.so", imported_by_torch=True),
+]
+
+
+@pytest.fixture(scope="module", params=PATHS, ids=lambda p: p.version.replace(".", "_"))
+def um(
+    request: pytest.FixtureRequest, build_wheel: Build, install_wheel: Install
+) -> tuple[UmPath, Path]:
+    path: UmPath = request.param
+    return path, install_wheel(build_wheel(path.version))
+
+
+# Runs in the venv: everything CPU-safe that torch.cuda.um offers, and whether CUDA stayed
+# uninitialised after each step.
+API_PROBE = r"""
+import json, os, sys, torch
+out = {"version": torch.__version__, "cuda_available": torch.cuda.is_available(),
+       "um_imported_by_torch": "torch.cuda.um" in sys.modules,
+       "init_after_import": torch.cuda.is_initialized()}
+import torch.cuda.um as um
+with open("/proc/self/maps") as f:
+    out["engine_mapped"] = sorted({os.path.basename(l.split()[-1]) for l in f if "libtorch_um" in l})
+out.update(available=um.is_available(), engine=um.engine_library(), enabled=um.is_enabled(),
+           injection=um.injection_info(), defaults=um.get_config())
+
+um.configure(max_managed="8GiB", device_budget="50%", host_headroom=1 << 30, prefetch=False)
+out["kwargs"] = um.get_config()
+um.configure("enabled:False, max_managed:none ,device_budget:70GiB,host_headroom:512MiB,prefetch:1")
+out["text"] = um.get_config()
+out["enabled_after_text"] = um.is_enabled()
+um.set_max_managed(3 << 30); um.set_device_budget("12.5%"); um.set_host_headroom("1.5G")
+out["setters"] = um.get_config()
+um.set_max_managed(None); um.configure(enabled=True)
+out["reset"] = um.get_config()
+
+bad = {}
+for conf in json.loads(sys.argv[1]):
+    before = um.get_config()
+    try:
+        um.configure(conf)
+        bad[conf] = None
+    except ValueError as e:
+        bad[conf] = str(e)
+    assert um.get_config() == before, (conf, before, um.get_config())  # all or nothing
+out["bad"] = bad
+pybad = {}
+for name, kwargs in {"bool_enabled": {"enabled": "yes"}, "negative": {"max_managed": -1},
+                     "bool_size": {"host_headroom": True}, "float_size": {"device_budget": 1.5}}.items():
+    try:
+        um.configure(**kwargs)
+        pybad[name] = None
+    except (TypeError, ValueError) as e:
+        pybad[name] = type(e).__name__
+out["pybad"] = pybad
+
+cpu = torch.ones(4)
+st = um.stats()
+out.update(stats=st, stats_cpu_device=um.stats(0) == st, is_managed=um.is_managed(cpu),
+           prefetch=um.prefetch(cpu), advise=um.advise([cpu], "read_mostly"))
+try:
+    um.advise(cpu, "sideways")
+    out["bad_advice"] = None
+except ValueError as e:
+    out["bad_advice"] = str(e)
+um.reset_peak()
+out["init_at_end"] = torch.cuda.is_initialized()
+print(json.dumps(out))
+"""
+
+BAD = {
+    # conf -> what the message must contain (besides the common prefix)
+    "bogus:1": ["unknown key 'bogus'", KEYS, "PYTORCH_CUDA_ALLOC_CONF"],
+    "expandable_segments:True": ["unknown key 'expandable_segments'", KEYS],
+    "enabled:maybe": ["'enabled' takes True or False, got 'maybe'"],
+    "prefetch:yes": ["'prefetch' takes True or False, got 'yes'"],
+    "max_managed:12XB": [
+        "'max_managed' takes a size such as 512MiB, 8GiB or 1073741824, got '12XB'"
+    ],
+    "host_headroom:-1GiB": ["'host_headroom' takes a size", "got '-1GiB'"],
+    "device_budget:lots": ["'device_budget' takes a size", "got 'lots'"],
+    "device_budget:0%": ["'device_budget' as a percentage must lie in (0, 100], got '0%'"],
+    "device_budget:150%": ["'device_budget' as a percentage must lie in (0, 100], got '150%'"],
+    "device_budget:-5%": ["must lie in (0, 100], got '-5%'"],
+    "max_managed": ["expected key:value, got 'max_managed'", KEYS],
+    # a bad item after a good one: nothing applies (the probe checks get_config is unchanged)
+    "enabled:False,prefetch:nope": ["'prefetch' takes True or False, got 'nope'"],
+}
+
+
+@pytest.fixture(scope="module")
+def api(um: tuple[UmPath, Path]) -> dict[str, Any]:
+    """One run of API_PROBE in the venv, with the bad configurations of BAD."""
+    _, venv = um
+    code = f"import sys; sys.argv[1:] = [{json.dumps(list(BAD))!r}]\n{API_PROBE}"
+    got: dict[str, Any] = probe(venv, code)
+    return got
+
+
+def test_import_leaves_cuda_alone(um: tuple[UmPath, Path], api: dict[str, Any]) -> None:
+    path, _ = um
+    assert api["version"] == f"{path.version}+um"
+    assert api["cuda_available"] is False
+    assert api["init_after_import"] is False
+    assert api["init_at_end"] is False  # after every call below
+    assert api["um_imported_by_torch"] is path.imported_by_torch
+
+
+def test_engine_is_found_and_on(um: tuple[UmPath, Path], api: dict[str, Any]) -> None:
+    path, venv = um
+    assert api["available"] is True and api["enabled"] is True
+    engine = Path(api["engine"])
+    assert engine.name == path.engine and engine.parent.name == "lib"
+    assert engine.is_relative_to(venv.parent.parent)  # the venv's torch/lib, not elsewhere
+    assert api["defaults"] == DEFAULTS
+    if path.imported_by_torch:  # inject: loaded by the patched torch/__init__.py, interposed
+        assert api["engine_mapped"] == ["libtorch_um.so"]
+        assert api["injection"]["interposed"] == 1
+        assert api["injection"]["attached"] == 0  # attaches when CUDA initialises
+        assert api["injection"]["segment_allocs"] == 0
+    else:
+        assert api["engine_mapped"] == []
+        assert api["injection"] == {}
+
+
+def test_configure_get_config_round_trip(api: dict[str, Any]) -> None:
+    assert api["kwargs"] == {
+        "enabled": "True",
+        "max_managed": str(8 << 30),
+        "device_budget": "50%",
+        "host_headroom": str(1 << 30),
+        "prefetch": "False",
+    }
+    assert api["text"] == {
+        "enabled": "False",
+        "max_managed": "none",
+        "device_budget": str(70 << 30),
+        "host_headroom": str(512 << 20),
+        "prefetch": "True",
+    }
+    assert api["enabled_after_text"] is False
+    assert api["setters"] == {
+        "enabled": "False",
+        "max_managed": str(3 << 30),
+        "device_budget": "12.5%",
+        "host_headroom": str(3 << 29),
+        "prefetch": "True",
+    }
+    assert api["reset"] == {**api["setters"], "enabled": "True", "max_managed": "none"}
+
+
+@pytest.mark.parametrize("conf", list(BAD))
+def test_bad_input_is_a_value_error_naming_it(api: dict[str, Any], conf: str) -> None:
+    message = api["bad"][conf]
+    assert message is not None, f"configure({conf!r}) was accepted"
+    assert message.startswith("unified memory configuration: "), message
+    for part in BAD[conf]:
+        assert part in message, message
+
+
+def test_python_level_argument_checks(api: dict[str, Any]) -> None:
+    assert api["pybad"] == {
+        "bool_enabled": "TypeError",
+        "negative": "ValueError",
+        "bool_size": "TypeError",
+        "float_size": "TypeError",
+    }
+
+
+def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
+    stats = api["stats"]
+    assert stats["um.enabled"] == 1
+    assert len(stats) == 15 and all(isinstance(v, int) for v in stats.values())
+    assert {k: v for k, v in stats.items() if k != "um.enabled"} == dict.fromkeys(
+        (k for k in stats if k != "um.enabled"), 0
+    )
+    assert api["stats_cpu_device"] is True
+    assert api["is_managed"] is False
+    assert api["prefetch"] == 0 and api["advise"] == 0  # CPU tensors are skipped
+    assert "unknown advice 'sideways'" in api["bad_advice"]
+
+
+BAD_ENV_PROBE = r"""
+import json, torch
+import torch.cuda.um as um
+out = {"available": um.is_available(), "enabled": um.is_enabled(),
+       "sum": float(torch.arange(4.0).sum())}
+for name, call in (("get_config", um.get_config),
+                   ("configure", lambda: um.configure(prefetch=False)),
+                   ("stats", um.stats)):
+    try:
+        call()
+        out[name] = None
+    except ValueError as e:
+        out[name] = str(e)
+out["init"] = torch.cuda.is_initialized()
+print(json.dumps(out))
+"""
+
+
+def test_bad_environment_fails_at_first_use_not_at_import(um: tuple[UmPath, Path]) -> None:
+    """PYTORCH_CUDA_UM_CONF is parsed when the engine is first used, not by ``import torch``:
+    the import and CPU work succeed. Then every call that needs the settings raises
+    ValueError naming the variable, the key and the value, and keeps raising (the engine is
+    never set up, so ``configure`` cannot repair it: fix the variable). ``is_enabled()``
+    reports False. On a GPU the first CUDA allocation fails the same way."""
+    _, venv = um
+    got = probe(venv, BAD_ENV_PROBE, {"PYTORCH_CUDA_UM_CONF": "prefetch:True,max_managed:lots"})
+    assert got["available"] is True and got["enabled"] is False
+    assert got["sum"] == 6.0 and got["init"] is False
+    expected = (
+        "PYTORCH_CUDA_UM_CONF: 'max_managed' takes a size such as 512MiB, 8GiB or "
+        "1073741824, got 'lots'."
+    )
+    assert got["get_config"] == expected
+    assert got["configure"] == expected
+    assert got["stats"] == expected
+
+
+def test_good_environment_is_read(um: tuple[UmPath, Path]) -> None:
+    _, venv = um
+    code = "import json, torch, torch.cuda.um as um; print(json.dumps([um.is_enabled(), um.get_config()]))"
+    enabled, config = probe(
+        venv, code, {"PYTORCH_CUDA_UM_CONF": "enabled:False,max_managed:1GiB,device_budget:40%"}
+    )
+    assert enabled is False
+    assert config == {
+        **DEFAULTS,
+        "enabled": "False",
+        "max_managed": str(1 << 30),
+        "device_budget": "40%",
+    }
