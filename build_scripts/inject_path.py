@@ -34,8 +34,8 @@ from elftools.elf.gnuversions import GNUVerDefSection, GNUVerSymSection
 from build_scripts import abi, matrix, official, overlay_build, progress, series, wheel_parts
 from build_scripts.changes import WheelChanges, overlay_python_files
 from build_scripts.errors import BuildError
-from build_scripts.fsutil import atomic_dir, sha256_file
-from build_scripts.official import OfficialInputs
+from build_scripts.fsutil import sha256_file
+from build_scripts.official import OfficialInputs, wheel_files
 from build_scripts.paths import REPO_ROOT, cache_root
 from build_scripts.toolchain import Toolchain, overlay_toolchain
 
@@ -113,12 +113,12 @@ def check_gate(elf: abi.ElfInfo, soname: str, rpath: str | None, cudart_soname: 
 
 
 def _unpacked(m: matrix.VersionMatrix, official: OfficialInputs, cache: Path) -> Path:
-    wanted = {m.overlay.link_library, "torch/lib/libc10.so"} | {f.path for f in m.sources}
+    wanted = {m.overlay.link_library, "torch/lib/libc10.so"}
     return wheel_parts.extract(
         official.wheel,
         cache / "unpacked-inject" / official.pin.sha256[:16],
         lambda n: n.startswith("torch/include/") or n in wanted,
-        "torch/include + libc10 + Python files",
+        "torch/include + libc10",
     )
 
 
@@ -126,20 +126,7 @@ def official_sources(m: matrix.VersionMatrix, official: OfficialInputs, cache: P
     """The official wheel's files that the series patches (upstream.yaml ``sources``, pinned
     as found in the wheel), verified: what the build, ``series check`` and ``series refresh``
     apply the series to on this path."""
-    unpacked = _unpacked(m, official, cache)
-    originals = cache / "inject-sources" / official.pin.sha256[:16]
-    with atomic_dir(originals) as tmp:
-        for f in m.sources:
-            src = wheel_parts.require(unpacked / f.path, f"{f.path} in {official.pin.filename}")
-            have = sha256_file(src)
-            if have != f.sha256:
-                raise BuildError(
-                    f"{f.path} in {official.pin.filename} has sha256 {have}, "
-                    f"upstream.yaml pins {f.sha256}"
-                )
-            (tmp / f.path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, tmp / f.path)
-    return originals
+    return wheel_files(official, m.sources, cache)
 
 
 def build(

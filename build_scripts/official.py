@@ -8,12 +8,13 @@ the cache and checked against the sha256 that ``upstream.yaml`` pins.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from build_scripts import fetch, matrix, progress, wheel_parts
 from build_scripts.errors import BuildError
+from build_scripts.fsutil import digest_of, sha256_file
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,32 @@ def fetch_inputs(m: matrix.VersionMatrix, python: str, cache: Path) -> OfficialI
     if cudart is None:
         raise BuildError(f"{m.directory}/upstream.yaml: no cuda_packages entry has libcudart")
     return OfficialInputs(wheel, pin, tuple(cuda_include), cudart)
+
+
+def wheel_files(official: OfficialInputs, pins: Iterable[matrix.UpstreamFile], cache: Path) -> Path:
+    """The official wheel's copies of the pinned files, each checked against its sha256.
+
+    For files that the wheel ships unchanged from upstream (Python sources): what a series
+    patches on the injection path, and what the source path replaces in the wheel.
+    """
+    pins = tuple(pins)
+    key = digest_of(sorted(f.path for f in pins))[:12]
+    wanted = {f.path for f in pins}
+    root = wheel_parts.extract(
+        official.wheel,
+        cache / "wheel-files" / f"{official.pin.sha256[:16]}-{key}",
+        lambda n: n in wanted,
+        "pinned Python files",
+    )
+    for f in pins:
+        copy = wheel_parts.require(root / f.path, f"{f.path} in {official.pin.filename}")
+        have = sha256_file(copy)
+        if have != f.sha256:
+            raise BuildError(
+                f"{f.path} in {official.pin.filename} has sha256 {have}, upstream.yaml pins "
+                f"{f.sha256}: the wheel does not ship the file the series was made for"
+            )
+    return root
 
 
 def under(directory: str, also: str | None = None) -> Callable[[str], bool]:

@@ -9,6 +9,9 @@ official wheel's own headers, and replaces the official library in the wheel.
  5. overlay_build  CMake + Ninja on c10_overlay/ (UM_MODE=source) -> libc10_cuda.so
  6. abi            the gate: same exported c10 symbols, SONAME, NEEDED, RPATH; imports
                    cudaMallocManaged
+
+Python files of the wheel that the series patches (``torch/...`` entries of ``sources``)
+are shipped patched, after checking that the wheel's copies are the pinned upstream ones.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from build_scripts import abi, matrix, overlay_build, progress, series, sources,
 from build_scripts.changes import WheelChanges
 from build_scripts.errors import BuildError
 from build_scripts.official import OfficialInputs
+from build_scripts.official import wheel_files as official_files
 from build_scripts.toolchain import Toolchain
 
 
@@ -77,4 +81,11 @@ def build(
             f"{library} does not import cudaMallocManaged: the patch series or the engine "
             "did not make it into the build"
         )
-    return WheelChanges(library, rebuilt, official_lib, {m.overlay.library: library})
+    # Python files the series patches ship patched; the wheel's own copies must be the
+    # pinned upstream ones, so nothing else in them changes.
+    files = {m.overlay.library: library}
+    shipped = [f for f in m.sources if f.path.startswith("torch/")]
+    if shipped:
+        official_files(official, shipped, cache)
+        files.update({f.path: patched / f.path for f in shipped})
+    return WheelChanges(library, rebuilt, official_lib, files)

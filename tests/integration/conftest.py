@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from build_scripts import abi, pipeline, platform_tag
+from build_scripts import abi, matrix, pipeline, platform_tag
 from build_scripts.fsutil import sha256_file
 from build_scripts.paths import REPO_ROOT, cache_root
 
@@ -143,3 +143,21 @@ def check_make_build(built: pipeline.BuildResult, *make_args: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == str(built.wheel)
+
+
+def official_wheel_for(version: str) -> Path:
+    """The cached official cp311 wheel of ``version``, checked against its pin."""
+    pin = matrix.load(version).wheel.for_python(PYTHON)
+    path = cache_root() / "wheels" / pin.filename
+    assert sha256_file(path) == pin.sha256
+    return path
+
+
+def wheel_difference(official: Path, built: Path) -> tuple[set[str], set[str]]:
+    """(names added or removed outside .dist-info, names whose content changed)."""
+    with zipfile.ZipFile(official) as a, zipfile.ZipFile(built) as b:
+        old = {i.filename: (i.CRC, i.file_size) for i in a.infolist()}
+        new = {i.filename: (i.CRC, i.file_size) for i in b.infolist()}
+    added = {n for n in old.keys() ^ new.keys() if ".dist-info/" not in n}
+    changed = {n for n in old.keys() & new.keys() if old[n] != new[n]}
+    return added, changed

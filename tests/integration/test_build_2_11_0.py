@@ -17,7 +17,7 @@ import pytest
 
 from build_scripts import abi, cli, inject_path, matrix, pipeline, repack, series
 from build_scripts.fsutil import sha256_file
-from build_scripts.paths import REPO_ROOT, cache_root
+from build_scripts.paths import REPO_ROOT
 
 from ..unit.helpers import sha
 from .conftest import (
@@ -27,8 +27,10 @@ from .conftest import (
     check_platform_tag,
     check_warm_rerun,
     check_wheel_identity,
+    official_wheel_for,
     pip_check,
     probe,
+    wheel_difference,
 )
 
 pytestmark = pytest.mark.integration
@@ -63,10 +65,7 @@ def venv(install_wheel: Install, built: pipeline.BuildResult) -> Path:
 
 @pytest.fixture(scope="module")
 def official_wheel() -> Path:
-    pin = matrix.load(VERSION).wheel.for_python("3.11")
-    path = cache_root() / "wheels" / pin.filename
-    assert sha256_file(path) == pin.sha256
-    return path
+    return official_wheel_for(VERSION)
 
 
 def test_wheel_name_version_and_tags(built: pipeline.BuildResult) -> None:
@@ -86,13 +85,10 @@ def test_only_the_injection_files_differ_from_the_official_wheel(
 ) -> None:
     """The official libraries (libc10_cuda.so included) are untouched; the wheel adds the
     engine and um.py, and changes the two patched files and version.py, nothing else."""
-    with zipfile.ZipFile(official_wheel) as a, zipfile.ZipFile(built.wheel) as b:
-        old = {i.filename: (i.CRC, i.file_size) for i in a.infolist()}
-        new = {i.filename: (i.CRC, i.file_size) for i in b.infolist()}
-        not_dist_info = {n for n in old.keys() ^ new.keys() if ".dist-info/" not in n}
-        assert not_dist_info == set(ADDED)
-        changed = {n for n in old.keys() & new.keys() if old[n] != new[n]}
-        assert changed == {*PATCHED, "torch/version.py"}
+    added, changed = wheel_difference(official_wheel, built.wheel)
+    assert added == set(ADDED)
+    assert changed == {*PATCHED, "torch/version.py"}
+    with zipfile.ZipFile(built.wheel) as b:
         assert b.read("torch/lib/libtorch_um.so") == built.rebuilt_library.read_bytes()
         assert (
             b.read("torch/cuda/um.py") == (REPO_ROOT / "c10_overlay/torch/cuda/um.py").read_bytes()

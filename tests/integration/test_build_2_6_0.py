@@ -25,9 +25,11 @@ from .conftest import (
     check_platform_tag,
     check_warm_rerun,
     check_wheel_identity,
+    official_wheel_for,
     pip_check,
     probe,
     run_python,
+    wheel_difference,
 )
 
 pytestmark = pytest.mark.integration
@@ -83,6 +85,24 @@ def test_series_check_applies_cleanly(capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.fixture(scope="module")
 def venv(install_wheel: Install, built: pipeline.BuildResult) -> Path:
     return install_wheel(built)
+
+
+def test_only_the_rebuilt_library_and_the_api_differ_from_the_official_wheel(
+    built: pipeline.BuildResult,
+) -> None:
+    """libc10_cuda.so is replaced by the rebuilt one, torch/cuda/um.py is added, and
+    torch/cuda/__init__.py gains exactly the import of patch 0004; nothing else changes."""
+    official = official_wheel_for(VERSION)
+    added, changed = wheel_difference(official, built.wheel)
+    assert added == {"torch/cuda/um.py"}
+    assert changed == {"torch/lib/libc10_cuda.so", "torch/cuda/__init__.py", "torch/version.py"}
+    with zipfile.ZipFile(official) as a, zipfile.ZipFile(built.wheel) as b:
+        assert b.read("torch/lib/libc10_cuda.so") == built.rebuilt_library.read_bytes()
+        before = a.read("torch/cuda/__init__.py").decode().splitlines()
+        after = b.read("torch/cuda/__init__.py").decode().splitlines()
+    new_lines = [line for line in after if line not in before]
+    assert new_lines == ["from . import um  # torch-um: unified-memory API (torch.cuda.um)"]
+    assert [line for line in before if line not in after] == []
 
 
 PROBE = """

@@ -4,7 +4,7 @@ Both integration paths ship c10_overlay/torch/cuda/um.py; what differs is where 
 lives and who imports the module:
 
 - 2.6.0 (source path): the engine is inside the rebuilt ``torch/lib/libc10_cuda.so``;
-  torch/cuda/__init__.py is the official one, so ``import torch.cuda.um`` is explicit.
+  torch/cuda/__init__.py, patched by the series (0004), imports ``torch.cuda.um``.
 - 2.11.0 (inject path): the engine is ``torch/lib/libtorch_um.so``, loaded with RTLD_GLOBAL
   by the patched torch/__init__.py before the CUDA libraries; the patched
   torch/cuda/__init__.py imports ``torch.cuda.um``.
@@ -42,7 +42,7 @@ class UmPath(NamedTuple):
 
 
 PATHS = [
-    UmPath("2.6.0", "libc10_cuda.so", imported_by_torch=False),
+    UmPath("2.6.0", "libc10_cuda.so", imported_by_torch=True),
     UmPath("2.11.0", "libtorch_um.so", imported_by_torch=True),
 ]
 
@@ -157,7 +157,7 @@ def test_engine_is_found_and_on(um: tuple[UmPath, Path], api: dict[str, Any]) ->
     assert engine.name == path.engine and engine.parent.name == "lib"
     assert engine.is_relative_to(venv.parent.parent)  # the venv's torch/lib, not elsewhere
     assert api["defaults"] == DEFAULTS
-    if path.imported_by_torch:  # inject: loaded by the patched torch/__init__.py, interposed
+    if path.engine == "libtorch_um.so":  # inject: loaded by the patched torch/__init__.py
         assert api["engine_mapped"] == ["libtorch_um.so"]
         assert api["injection"]["interposed"] == 1
         assert api["injection"]["attached"] == 0  # attaches when CUDA initialises
