@@ -10,6 +10,7 @@
 // extensions, the engine itself) go unchanged to libcudart. The allocator's
 // block events come from its trace tracker, attached once CUDA initialised.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/um/ErrorText.h>
 #include <c10/cuda/um/UnifiedMemory.h>
@@ -188,7 +189,6 @@ std::unordered_set<cudaStream_t>& capturingStreams() {
   static auto* s = new std::unordered_set<cudaStream_t>();
   return *s;
 }
-std::atomic<int> g_captures{0};
 
 // Depth of engine calls on this thread. The engine itself calls cudaMalloc
 // and cudaFree (UM off, plain fallbacks, releasing a segment); those calls
@@ -247,9 +247,13 @@ __attribute__((noinline)) cudaError_t cudaMalloc(void** devPtr, size_t size) {
   }
   auto device = static_cast<c10::DeviceIndex>(dev);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  // As on the source path: whether this stream captures; captures on other
+  // streams reach the engine through captureBegin/captureEnd below.
+  bool capturing = at::cuda::currentStreamCaptureStatusMayInitCtx() !=
+      at::cuda::CaptureStatus::None;
   EngineCall scope;
-  cudaError_t result = c10::cuda::um::allocSegment(
-      devPtr, size, device, stream, g_captures.load() > 0);
+  cudaError_t result =
+      c10::cuda::um::allocSegment(devPtr, size, device, stream, capturing);
   return result;
 }
 
@@ -279,7 +283,6 @@ cudaError_t cudaStreamBeginCapture(
   {
     std::lock_guard<std::mutex> lock(captureMutex());
     if (capturingStreams().insert(stream).second) {
-      g_captures.fetch_add(1);
       c10::cuda::um::captureBegin();
     }
   }
@@ -287,7 +290,6 @@ cudaError_t cudaStreamBeginCapture(
   if (e != cudaSuccess) {
     std::lock_guard<std::mutex> lock(captureMutex());
     if (capturingStreams().erase(stream) > 0) {
-      g_captures.fetch_sub(1);
       c10::cuda::um::captureEnd();
     }
   }
@@ -300,7 +302,6 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   // The capture is over whether it succeeded or was invalidated.
   std::lock_guard<std::mutex> lock(captureMutex());
   if (capturingStreams().erase(stream) > 0) {
-    g_captures.fetch_sub(1);
     c10::cuda::um::captureEnd();
   }
   return e;
@@ -424,7 +425,10 @@ TORCH_UM_API int torch_um_inject_info(TorchUmInjectInfo* out) {
   s.segment_alloc_events = c.segment_alloc_events.load();
   s.segment_free_events = c.segment_free_events.load();
   s.oom_events = c.oom_events.load();
-  s.captures_underway = static_cast<uint64_t>(g_captures.load());
+  {
+    std::lock_guard<std::mutex> lock(captureMutex());
+    s.captures_underway = capturingStreams().size();
+  }
   s.ipc_refusals = c.ipc_refusals.load();
   uint64_t caller = out->struct_size;
   std::memcpy(out, &s, std::min<size_t>(caller, sizeof(s)));

@@ -98,11 +98,8 @@ cudaError_t Engine::allocSegment(
     std::lock_guard<std::mutex> lock(mu_);
     cfg = cfg_;
     if (!cfg.enabled) {
-      // UM off: exactly the stock call.
-      return cudaMalloc(ptr, size);
-    }
-    DeviceState& st = probe(device, warning);
-    if (!st.managed_supported) {
+      use_plain = true; // UM off: exactly the stock call, outside the lock
+    } else if (DeviceState& st = probe(device, warning); !st.managed_supported) {
       use_plain = true;
     } else {
       Ledger l = ledger(device);
@@ -116,7 +113,7 @@ cudaError_t Engine::allocSegment(
         if (placement == Placement::Unplaced && quiet) {
           ++st.prefetches_skipped_capture;
         }
-        refusal = headroom_.refuse(cfg, placement, size, availableHostBytes());
+        refusal = headroom_.refuse(cfg, placement, size);
         if (refusal) {
           ++headroom_refusals_;
         } else {
@@ -208,16 +205,16 @@ bool Engine::enabled() const {
 
 bool Engine::isManaged(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto p = static_cast<const char*>(ptr);
-  // Segments are few (hundreds): a scan is cheap and handles interior
-  // pointers of split blocks.
-  for (const auto& [base, seg] : segments_) {
-    auto b = static_cast<const char*>(base);
-    if (p >= b && p < b + seg.size) {
-      return true;
-    }
+  // The segment that starts at or before ptr, if ptr lies inside it
+  // (interior pointers of split blocks included).
+  auto it = segments_.upper_bound(ptr);
+  if (it == segments_.begin()) {
+    return false;
   }
-  return false;
+  --it;
+  auto p = static_cast<const char*>(ptr);
+  auto base = static_cast<const char*>(it->first);
+  return p < base + it->second.size;
 }
 
 TorchUmStats Engine::stats(c10::DeviceIndex device) const {

@@ -14,7 +14,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
-#include <unordered_map>
+#include <map>
 #include <vector>
 
 namespace c10::cuda::um {
@@ -75,7 +75,8 @@ class Engine {
 
   mutable std::mutex mu_;
   Config cfg_;
-  std::unordered_map<const void*, Segment> segments_;
+  // Ordered by base address, so that isManaged finds the enclosing segment.
+  std::map<const void*, Segment, std::less<>> segments_;
   std::vector<DeviceState> devices_;
   uint64_t managed_bytes_ = 0; // including reservations in flight
   uint64_t peak_managed_bytes_ = 0;

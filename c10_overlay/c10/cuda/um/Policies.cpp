@@ -1,6 +1,7 @@
 #include <c10/cuda/um/Policies.h>
 
 #include <c10/cuda/um/CudaCompat.h>
+#include <c10/cuda/um/HostMemory.h>
 #include <c10/util/Exception.h>
 
 namespace c10::cuda::um {
@@ -34,11 +35,11 @@ std::optional<std::string> ManagedCap::refuse(
 std::optional<std::string> HostHeadroom::refuse(
     const Config& cfg,
     Placement placement,
-    size_t size,
-    uint64_t host_available) const {
+    size_t size) const {
   if (placement != Placement::Host) {
     return std::nullopt;
   }
+  const uint64_t host_available = availableHostBytes();
   if (host_available >= cfg.host_headroom &&
       host_available - cfg.host_headroom >= size) {
     return std::nullopt;

@@ -46,14 +46,13 @@ class ManagedCap {
 };
 
 // Refuses a host-placed segment that would leave less than host_headroom of
-// host RAM available.
+// host RAM available. Host memory is read only for host-placed segments.
 class HostHeadroom {
  public:
   std::optional<std::string> refuse(
       const Config& cfg,
       Placement placement,
-      size_t size,
-      uint64_t host_available) const;
+      size_t size) const;
 };
 
 // Segments go to the device while the device budget has room, else to host.
