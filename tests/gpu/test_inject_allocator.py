@@ -16,6 +16,9 @@ torch = pytest.importorskip("torch")
 
 CUDA_MEMORY_TYPE_DEVICE = 2
 CUDA_MEMORY_TYPE_MANAGED = 3
+CUDA_CPU_DEVICE_ID = -1
+RANGE_PREFERRED_LOCATION = 2  # cudaMemRangeAttributePreferredLocation
+RANGE_LAST_PREFETCH_LOCATION = 4  # cudaMemRangeAttributeLastPrefetchLocation
 
 
 class _PointerAttributes(ctypes.Structure):
@@ -30,6 +33,21 @@ class _PointerAttributes(ctypes.Structure):
 
 def _cudart() -> ctypes.CDLL:
     return ctypes.CDLL("libcudart.so.13")  # already loaded by torch: found by soname
+
+
+def range_attribute(t: torch.Tensor, attribute: int) -> int:
+    """cudaMemRangeGetAttribute of a tensor's storage (a device index, or -1 for host)."""
+    value = ctypes.c_int(-99)
+    st = t.untyped_storage()
+    rc = _cudart().cudaMemRangeGetAttribute(
+        ctypes.byref(value),
+        ctypes.c_size_t(4),
+        ctypes.c_int(attribute),
+        ctypes.c_void_p(st.data_ptr()),
+        ctypes.c_size_t(st.nbytes()),
+    )
+    assert rc == 0, f"cudaMemRangeGetAttribute failed: {rc}"
+    return value.value
 
 
 def memory_type(ptr: int) -> int:
@@ -271,12 +289,16 @@ def test_python_api_on_gpu(torch_mod: Any, um: Any, limits: Limits) -> None:
     x = torch.ones(64 * MiB // 4, device="cuda")
     assert um.prefetch(x, "cpu") == x.untyped_storage().nbytes()
     torch.cuda.synchronize()
+    assert range_attribute(x, RANGE_LAST_PREFETCH_LOCATION) == CUDA_CPU_DEVICE_ID
     assert um.prefetch(x, 0) == x.untyped_storage().nbytes()
+    torch.cuda.synchronize()
+    assert range_attribute(x, RANGE_LAST_PREFETCH_LOCATION) == 0
     model = torch.nn.Linear(512, 512).cuda()
     assert um.prefetch(model, "cuda") > 0
     assert um.advise(model, "read_mostly", 0) > 0
     assert um.advise(model, "unset_read_mostly", 0) > 0
     assert um.advise(x, "preferred_location", "cpu") > 0
+    assert range_attribute(x, RANGE_PREFERRED_LOCATION) == CUDA_CPU_DEVICE_ID
     assert um.advise(x, "accessed_by", 0) > 0
     torch.cuda.synchronize()
     assert float(x.sum()) == x.numel()

@@ -89,8 +89,9 @@ def _run_child(code: str, env: dict[str, str], timeout: int = 180) -> str:
 
 
 def test_ipc_refused_in_cpp_too(torch_mod: Any, um: Any, limits: Limits) -> None:
-    # Bypass the Python guard: the interposed cudaIpcGetMemHandle refuses with
-    # the engine's c10::Error, which surfaces as RuntimeError (no crash).
+    # Straight at the storage's C++ export, in a fresh process: the interposed
+    # cudaIpcGetMemHandle refuses with the engine's c10::Error, which surfaces as
+    # RuntimeError (no crash), and the refusal is counted.
     _run_child(
         f"""
         import torch
@@ -100,7 +101,9 @@ def test_ipc_refused_in_cpp_too(torch_mod: Any, um: Any, limits: Limits) -> None
             torch._C.StorageBase._share_cuda_(t.untyped_storage())
         except RuntimeError as e:
             assert {IPC_HINT!r} in str(e), str(e)
-            print("REFUSED", torch.cuda.um.injection_info()["ipc_refusals"])
+            refusals = torch.cuda.um.injection_info()["ipc_refusals"]
+            assert refusals == 1, refusals
+            print("REFUSED", refusals)
         else:
             raise SystemExit("managed storage was exported through CUDA IPC")
         assert float(t.sum()) == 1024

@@ -515,14 +515,6 @@ def advise(obj: TensorsLike, advice: str, device: DeviceLike = None) -> int:
 
 # ---- wiring into torch (injection path) --------------------------------------
 
-_IPC_MESSAGE = (
-    "This CUDA tensor lives in unified (managed) memory, which CUDA IPC cannot "
-    "share between processes (cudaIpcGetMemHandle rejects it). Share it through "
-    "CPU memory (tensor.cpu()), or run the producing process with "
-    "PYTORCH_CUDA_UM_CONF=enabled:False (or call "
-    "torch.cuda.um.configure(enabled=False) before allocating the tensor)."
-)
-
 _attach_lock = threading.Lock()
 _attach_error: str | None = None
 
@@ -565,29 +557,12 @@ def _drop_expandable_segments() -> None:
     torch._C._accelerator_setAllocatorSettings("expandable_segments:False")
 
 
-def _guard_ipc() -> None:
-    # torch.multiprocessing shares CUDA tensors through
-    # UntypedStorage._share_cuda_ (cudaIpcGetMemHandle): refuse managed ones
-    # with a message that says how to opt out. The engine also refuses in C++.
-    storage_cls = torch.UntypedStorage
-    original = storage_cls._share_cuda_
-    if getattr(original, "_torch_um_guard", False):
-        return
-
-    def _share_cuda_(self: torch.UntypedStorage, *args: object, **kwargs: object) -> object:
-        if is_managed(self):
-            raise RuntimeError(_IPC_MESSAGE)
-        return original(self, *args, **kwargs)
-
-    _share_cuda_._torch_um_guard = True  # type: ignore[attr-defined]
-    _share_cuda_.__doc__ = original.__doc__
-    storage_cls._share_cuda_ = _share_cuda_  # type: ignore[method-assign]
-
-
 def _install() -> None:
+    # Sharing a managed CUDA tensor through CUDA IPC is refused by the engine
+    # itself (checkIpcExportable, reached by the source path's patch or the
+    # interposed cudaIpcGetMemHandle): torch raises RuntimeError with its text.
     if _lib is None:
         return
-    _guard_ipc()
     if _injected:
         # torch.cuda is still being imported: take _lazy_call from the module.
         from torch.cuda import _lazy_call
