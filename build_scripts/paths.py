@@ -20,11 +20,3 @@ def cache_root() -> Path:
 
 def patches_root(repo: Path = REPO_ROOT) -> Path:
     return repo / "patches"
-
-
-def overlay_root(repo: Path = REPO_ROOT) -> Path:
-    return repo / "c10_overlay"
-
-
-def dist_dir(repo: Path = REPO_ROOT) -> Path:
-    return repo / "dist"
