@@ -31,11 +31,11 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerSymSection
 
-from build_scripts import abi, matrix, official, overlay_build, progress, series, wheel_parts
+from build_scripts import abi, matrix, official, overlay_build, progress, series
 from build_scripts.changes import WheelChanges, overlay_python_files
 from build_scripts.errors import BuildError
 from build_scripts.fsutil import sha256_file
-from build_scripts.official import OfficialInputs, wheel_files
+from build_scripts.official import OfficialInputs, headers_and_libraries, wheel_files
 from build_scripts.paths import REPO_ROOT, cache_root
 from build_scripts.toolchain import Toolchain, overlay_toolchain
 
@@ -112,16 +112,6 @@ def check_gate(elf: abi.ElfInfo, soname: str, rpath: str | None, cudart_soname: 
         raise BuildError(f"{elf.path} fails the injection gate: " + "; ".join(problems))
 
 
-def _unpacked(m: matrix.VersionMatrix, official: OfficialInputs, cache: Path) -> Path:
-    wanted = {m.overlay.link_library, "torch/lib/libc10.so"}
-    return wheel_parts.extract(
-        official.wheel,
-        cache / "unpacked-inject" / official.pin.sha256[:16],
-        lambda n: n.startswith("torch/include/") or n in wanted,
-        "torch/include + libc10",
-    )
-
-
 def official_sources(m: matrix.VersionMatrix, official: OfficialInputs, cache: Path) -> Path:
     """The official wheel's files that the series patches (upstream.yaml ``sources``, pinned
     as found in the wheel), verified: what the build, ``series check`` and ``series refresh``
@@ -142,7 +132,7 @@ def build(
         raise BuildError(f"torch {m.torch_version} uses the {m.integration!r} path, not 'inject'")
 
     # 3. Headers, the libraries to link against, the Python files to patch.
-    unpacked = _unpacked(m, official, cache)
+    unpacked = headers_and_libraries(m, official, cache)
     originals = official_sources(m, official, cache)
 
     # 4. The Python patches, no fuzz.

@@ -66,6 +66,18 @@ def fetch_inputs(m: matrix.VersionMatrix, python: str, cache: Path) -> OfficialI
     return OfficialInputs(wheel, pin, tuple(cuda_include), cudart)
 
 
+def headers_and_libraries(m: matrix.VersionMatrix, official: OfficialInputs, cache: Path) -> Path:
+    """The official wheel's ``torch/include`` and the c10 libraries the overlay library
+    links against or replaces, extracted once per wheel."""
+    wanted = {m.overlay.library, m.overlay.link_library, "torch/lib/libc10.so"}
+    return wheel_parts.extract(
+        official.wheel,
+        cache / "unpacked" / official.pin.sha256[:16],
+        lambda n: n.startswith("torch/include/") or n in wanted,
+        "torch/include + c10 libraries",
+    )
+
+
 def wheel_files(official: OfficialInputs, pins: Iterable[matrix.UpstreamFile], cache: Path) -> Path:
     """The official wheel's copies of the pinned files, each checked against its sha256.
 

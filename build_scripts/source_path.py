@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from build_scripts import abi, matrix, overlay_build, progress, series, sources, wheel_parts
+from build_scripts import abi, matrix, overlay_build, progress, series, sources
 from build_scripts.changes import WheelChanges
 from build_scripts.errors import BuildError
-from build_scripts.official import OfficialInputs
+from build_scripts.official import OfficialInputs, headers_and_libraries
 from build_scripts.official import wheel_files as official_files
 from build_scripts.toolchain import Toolchain
 
@@ -36,13 +36,7 @@ def build(
     toolchain: Toolchain,
 ) -> WheelChanges:
     # The official headers, libc10.so to link against, and the library to replace.
-    wanted = {m.overlay.library, m.overlay.link_library}
-    unpacked = wheel_parts.extract(
-        official.wheel,
-        cache / "unpacked" / official.pin.sha256[:16],
-        lambda n: n.startswith("torch/include/") or n in wanted,
-        "torch/include + libc10",
-    )
+    unpacked = headers_and_libraries(m, official, cache)
 
     # 3. Exact upstream sources, verified file by file.
     upstream = sources.fetch_upstream(m, cache=cache)
