@@ -145,20 +145,17 @@ def build(
     # 5. libtorch_um.so against the official headers, libc10.so and libc10_cuda.so.
     official_lib = unpacked / m.overlay.link_library
     original = abi.read_elf(official_lib)
-    inputs = overlay_build.OverlayInputs(
-        source_dir=repo / "c10_overlay",
-        torch_include=unpacked / "torch" / "include",
-        torch_lib=unpacked / Path(m.overlay.link_library).parent,
-        upstream_c10_cuda=unpacked / "torch" / "include" / "c10" / "cuda",  # unused (inject)
-        cuda_include=official.cuda_include,
-        cudart_lib=official.cudart,
-        cxx11_abi=m.wheel.cxx11_abi,
-        soname=m.overlay.soname,
+    library = overlay_build.build_for_version(
+        m,
+        official,
+        unpacked,
         rpath=original.rpath or "",
-        mode="inject",
+        upstream_c10_cuda=None,
+        python=python,
+        repo=repo,
+        cache=cache,
+        toolchain=toolchain,
     )
-    build_dir = overlay_build.build_dir_for(cache, m.torch_version, python, inputs, toolchain)
-    library = overlay_build.build(inputs, build_dir, toolchain=toolchain)
 
     # 6. Gate.
     elf = abi.read_elf(library)

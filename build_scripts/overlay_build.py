@@ -27,9 +27,10 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from build_scripts import progress
+from build_scripts import matrix, progress
 from build_scripts.errors import BuildError
 from build_scripts.fsutil import digest_of, read_json, write_json
+from build_scripts.official import OfficialInputs
 from build_scripts.toolchain import Toolchain, overlay_toolchain
 
 _NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] ")
@@ -40,7 +41,7 @@ class OverlayInputs:
     source_dir: Path  # c10_overlay/
     torch_include: Path
     torch_lib: Path
-    upstream_c10_cuda: Path
+    upstream_c10_cuda: Path | None  # the patched c10/cuda (source mode only)
     cuda_include: tuple[Path, ...]
     cudart_lib: Path
     cxx11_abi: int
@@ -49,18 +50,53 @@ class OverlayInputs:
     mode: str = "source"
 
     def cmake_defines(self) -> dict[str, str]:
+        upstream = (
+            {}
+            if self.upstream_c10_cuda is None
+            else {"UM_UPSTREAM_C10_CUDA": str(self.upstream_c10_cuda)}
+        )
         return {
             "CMAKE_BUILD_TYPE": "Release",
             "UM_MODE": self.mode,
             "UM_TORCH_INCLUDE": str(self.torch_include),
             "UM_TORCH_LIB": str(self.torch_lib),
-            "UM_UPSTREAM_C10_CUDA": str(self.upstream_c10_cuda),
+            **upstream,
             "UM_CUDA_INCLUDE": ";".join(str(p) for p in self.cuda_include),
             "UM_CUDART_LIB": str(self.cudart_lib),
             "UM_CXX11_ABI": str(self.cxx11_abi),
             "UM_SONAME": self.soname,
             "UM_RPATH": self.rpath,
         }
+
+
+def build_for_version(
+    m: matrix.VersionMatrix,
+    official: OfficialInputs,
+    unpacked: Path,
+    *,
+    rpath: str,
+    upstream_c10_cuda: Path | None,
+    python: str,
+    repo: Path,
+    cache: Path,
+    toolchain: Toolchain,
+) -> Path:
+    """Build ``c10_overlay/`` in the mode ``m.integration`` names, against the official
+    wheel's headers and libraries unpacked at ``unpacked`` (both integration paths)."""
+    inputs = OverlayInputs(
+        source_dir=repo / "c10_overlay",
+        torch_include=unpacked / "torch" / "include",
+        torch_lib=unpacked / Path(m.overlay.link_library).parent,
+        upstream_c10_cuda=upstream_c10_cuda,
+        cuda_include=official.cuda_include,
+        cudart_lib=official.cudart,
+        cxx11_abi=m.wheel.cxx11_abi,
+        soname=m.overlay.soname,
+        rpath=rpath,
+        mode=m.integration,
+    )
+    build_dir = build_dir_for(cache, m.torch_version, python, inputs, toolchain)
+    return build(inputs, build_dir, toolchain=toolchain)
 
 
 def configure_command(tc: Toolchain, inputs: OverlayInputs, build_dir: Path) -> list[str]:

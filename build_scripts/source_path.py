@@ -47,19 +47,17 @@ def build(
     # 5. The overlay library, built against the official headers and libc10.so.
     official_lib = unpacked / m.overlay.library
     original = abi.read_elf(official_lib)
-    inputs = overlay_build.OverlayInputs(
-        source_dir=repo / "c10_overlay",
-        torch_include=unpacked / "torch" / "include",
-        torch_lib=unpacked / Path(m.overlay.link_library).parent,
-        upstream_c10_cuda=patched / "c10" / "cuda",
-        cuda_include=official.cuda_include,
-        cudart_lib=official.cudart,
-        cxx11_abi=m.wheel.cxx11_abi,
-        soname=m.overlay.soname,
+    library = overlay_build.build_for_version(
+        m,
+        official,
+        unpacked,
         rpath=original.rpath or "",
+        upstream_c10_cuda=patched / "c10" / "cuda",
+        python=python,
+        repo=repo,
+        cache=cache,
+        toolchain=toolchain,
     )
-    build_dir = overlay_build.build_dir_for(cache, m.torch_version, python, inputs, toolchain)
-    library = overlay_build.build(inputs, build_dir, toolchain=toolchain)
 
     # 6. ABI gate: same exported c10 symbols, SONAME, NEEDED and RPATH; uses UM.
     rebuilt = abi.read_elf(library)

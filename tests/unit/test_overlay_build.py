@@ -67,6 +67,7 @@ def test_missing_cmakelists(tmp_path: Path) -> None:
 
 def test_compile_error_shows_the_log_tail(tmp_path: Path) -> None:
     inputs = _inputs(tmp_path, FAKE_CMAKE)
+    assert inputs.upstream_c10_cuda is not None
     (inputs.upstream_c10_cuda / "A.cpp").write_text("this is not C++;\n")
     with pytest.raises(BuildError) as exc:
         overlay_build.build(inputs, tmp_path / "b")
