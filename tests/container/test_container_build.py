@@ -10,7 +10,13 @@ overlay support it runs as `buildah --storage-driver vfs ... --isolation chroot`
 defaults below, overridable through the same variables as docker/docker.mk). Measured on a
 2-core machine with a warm torch-um download cache: 6 minutes (two overlay builds of 85 s,
 the runtime image 160 s with its ~3.5 GB of pinned CUDA packages downloaded, the smoke
-check 15 s), plus 1.5 minutes to make the local bases the first time; ~13 GB of vfs storage.
+check 15 s), plus 1.5 minutes to make the local bases.
+
+With podman or buildah every image lives in a storage root of its own under
+build/container/test/storage, removed when the module ends (and at its start, if a killed run
+left one): the tests never touch the host's images, and repeated runs do not pile up
+gigabytes of vfs layers. They stop at once, saying so, when the disk holding that root has
+less than NEEDED_GIB free. With docker, the runtime image the test tagged is removed at the end.
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ REPO = Path(__file__).resolve().parents[2]
 TORCH_VERSION = os.environ.get("TORCH_VERSION", "2.6.0")
 PYTHON = os.environ.get("PYTHON", "3.11")
 WORK = REPO / "build" / "container" / "test"
+STORE = WORK / "storage"
+# Peak disk use of the module with vfs storage, measured at 22 GB (`df` sampled every 3 s):
+# the runtime image (the wheel and ~3.5 GB of CUDA packages, about 6 GB unpacked) exists
+# three times at once (the build container, the committed layer, the smoke check's
+# container), plus bases, wheels and scratch.
+NEEDED_GIB = 25
+RUNTIME_TEST_IMAGE = f"localhost/torch-um/runtime-test:{TORCH_VERSION}-py{PYTHON}"
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("UM_CONTAINER_TESTS") != "1",
@@ -60,7 +73,31 @@ def _env(engine: str) -> dict[str, str]:
         env.setdefault("CONTAINER_FLAGS", "--storage-driver vfs")
         env.setdefault("CONTAINER_BUILD_FLAGS", "--isolation chroot")
         env.setdefault("CONTAINER_RUN_FLAGS", "--isolation chroot")
+    if engine in ("buildah", "podman"):
+        flags = env.get("CONTAINER_FLAGS", "")
+        env["CONTAINER_FLAGS"] = f"{flags} --root {STORE}/root --runroot {STORE}/run".strip()
     return env
+
+
+def _drop_store(engine: str, env: dict[str, str]) -> None:
+    """Remove the module's own storage root and everything in it."""
+    if not STORE.exists():
+        return
+    flags = env["CONTAINER_FLAGS"].split()
+    for args in (["rm", "--all"], ["rmi", "--all", "--force"]):
+        subprocess.run([engine, *flags, *args], capture_output=True)
+    shutil.rmtree(STORE)
+
+
+def _check_free_space() -> None:
+    probe = WORK
+    free_gib = shutil.disk_usage(probe).free / 2**30
+    if free_gib < NEEDED_GIB:
+        pytest.fail(
+            f"the container tests need about {NEEDED_GIB} GiB free on the disk holding "
+            f"{probe.relative_to(REPO)} (vfs image storage), found {free_gib:.1f} GiB: free "
+            "space there (old images: `buildah images`, `buildah rmi --prune`) and rerun"
+        )
 
 
 def _make(target: str, *assignments: str, env: dict[str, str]) -> str:
@@ -140,7 +177,18 @@ def engine_env() -> Iterator[tuple[str, dict[str, str]]]:
         pytest.fail("needs root and mmdebstrap for the local base images")
     WORK.mkdir(parents=True, exist_ok=True)
     engine = _engine()
-    yield engine, _env(engine)
+    env = _env(engine)
+    isolated = engine in ("buildah", "podman")
+    if isolated:
+        _drop_store(engine, env)  # a killed earlier run's
+    _check_free_space()
+    try:
+        yield engine, env
+    finally:
+        if isolated:
+            _drop_store(engine, env)
+        else:
+            subprocess.run([engine, "rmi", RUNTIME_TEST_IMAGE], capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +245,7 @@ def test_runtime_image_smoke_check(
     engine_env: tuple[str, dict[str, str]], two_wheels: tuple[Path, Path]
 ) -> None:
     engine, env = engine_env
-    image = f"localhost/torch-um/runtime-test:{TORCH_VERSION}-py{PYTHON}"
+    image = RUNTIME_TEST_IMAGE
     _make(
         "container-runtime",
         "CONTAINER_BASE=local",
