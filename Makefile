@@ -33,8 +33,8 @@ $(STAMP): pyproject.toml
 build: $(STAMP)
 	$(VPY) -m build_scripts build --torch-version $(TORCH_VERSION) --python $(PYTHON)
 
-# Python files of the build pipeline (mypy's list is in pyproject.toml).
-LINT_PATHS := build_scripts tests/conftest.py tests/unit tests/integration
+# Every Python file of the repository (mypy's narrower list is in pyproject.toml).
+LINT_PATHS := build_scripts c10_overlay docker tests
 
 lint: $(STAMP)
 	$(VPY) -m ruff check $(LINT_PATHS)

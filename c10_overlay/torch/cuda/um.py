@@ -45,7 +45,7 @@ import platform
 import threading
 import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, TypeAlias, Union
 
 import torch
 
@@ -78,9 +78,9 @@ _ABI_VERSION = 1
 _ERRLEN = 1024
 
 # torch.nn is not imported yet when torch.cuda imports this module.
-Size = int | str
-DeviceLike = torch.device | str | int | None
-TensorsLike = Union[torch.Tensor, "Module", Iterable[torch.Tensor]]
+Size: TypeAlias = int | str
+DeviceLike: TypeAlias = torch.device | str | int | None
+TensorsLike: TypeAlias = Union[torch.Tensor, "Module", Iterable[torch.Tensor]]
 
 
 class _Stats(ctypes.Structure):
@@ -341,7 +341,7 @@ def get_config() -> dict[str, str]:
 
 def _device_index(device: DeviceLike, *, allow_host: bool) -> int:
     if device is None:
-        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        return int(torch.cuda.current_device()) if torch.cuda.is_initialized() else 0
     if isinstance(device, bool):
         raise TypeError("device must be a torch.device, a str or an int")
     if isinstance(device, int):
@@ -358,8 +358,8 @@ def _device_index(device: DeviceLike, *, allow_host: bool) -> int:
     if dev.type != "cuda":
         raise ValueError(f"unified memory is for CUDA devices, not {dev.type!r}")
     if dev.index is None:
-        return torch.cuda.current_device()
-    return dev.index
+        return int(torch.cuda.current_device())
+    return int(dev.index)
 
 
 def stats(device: DeviceLike = None) -> dict[str, int]:
@@ -382,7 +382,7 @@ def stats(device: DeviceLike = None) -> dict[str, int]:
         get_config()  # raises the engine's own message if PYTORCH_CUDA_UM_CONF is malformed
         raise ValueError(f"torch.cuda.um.stats: bad device {index}")
     out = {"um.enabled": int(is_enabled())}
-    for name, _ in _Stats._fields_:
+    for name, *_ in _Stats._fields_:
         if name != "struct_size":
             out["um." + name] = int(getattr(s, name))
     return out
@@ -409,7 +409,7 @@ def injection_info() -> dict[str, int]:
         return {}
     return {
         name: int(getattr(info, name))
-        for name, _ in _InjectInfo._fields_
+        for name, *_ in _InjectInfo._fields_
         if name != "struct_size"
     }
 
