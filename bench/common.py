@@ -1,0 +1,160 @@
+"""What every benchmark shares: the managed-memory safety cap, the machine record,
+worker processes, and the results files.
+
+A benchmark is an orchestrator that runs one short-lived worker process per
+measurement (``python -m bench.<name> --worker ...``), so that stock torch and the
++um torch are timed in the same run, each in a process of its own, alternating. A
+worker prints one line ``BENCH_RESULT <json>``; the orchestrator collects them,
+prints ratios and writes ``bench/results/<name>-<gpu>-<date>.json`` with the
+machine, the versions and the command.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+GiB = 1 << 30
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+MARK = "BENCH_RESULT "
+# Design notes, section 4: never more managed memory than 80 % of what is free at start.
+SAFE_FRACTION = 0.8
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not run; the message says why and what to do."""
+
+
+def safe_cap(torch: Any) -> tuple[int, int, int]:
+    """(free, total, cap): free and total device memory now, and the total-managed cap
+    every UM measurement must run under."""
+    free, total = torch.cuda.mem_get_info()
+    return int(free), int(total), int(free * SAFE_FRACTION)
+
+
+def um_module(torch: Any, mode: str) -> Any:
+    """torch.cuda.um, checked against the mode the worker was started for."""
+    um = getattr(torch.cuda, "um", None)
+    if mode == "stock":
+        if um is not None:
+            raise BenchError(
+                f"mode 'stock' found torch.cuda.um in {torch.__file__}: point "
+                "--stock-pythonpath at an unmodified torch"
+            )
+        return None
+    if um is None or not um.is_available():
+        raise BenchError(
+            f"mode {mode!r} needs a +um torch, but {torch.__file__} has no UM engine: "
+            "point --um-pythonpath at one (bench/README.md)"
+        )
+    return um
+
+
+def emit(result: dict[str, Any]) -> None:
+    """The worker's answer: one line on stdout."""
+    print(MARK + json.dumps(result), flush=True)
+
+
+def run_worker(module: str, args: list[str], pythonpath: str | None, timeout: int) -> Any:
+    """Run ``python -m module --worker args`` and return what it emitted."""
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_UM_CONF", None)  # each worker configures the engine itself
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)
+    cmd = [sys.executable, "-m", module, "--worker", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    raise BenchError(
+        f"worker {shlex.join(cmd[1:])} gave no result (exit {proc.returncode}):\n"
+        + (proc.stdout + proc.stderr)[-3000:]
+    )
+
+
+def run_rounds(
+    module: str,
+    cases: list[tuple[str, list[str]]],
+    rounds: int,
+    pythonpaths: dict[str, str | None],
+    describe: Callable[[dict[str, Any]], str],
+    timeout: int = 600,
+) -> list[dict[str, Any]]:
+    """Every case (mode, worker arguments) once per round, in an order that rotates
+    from round to round, each in a worker process; the workers' results in run order.
+    ``pythonpaths`` maps a mode to the PYTHONPATH its torch is found through."""
+    samples = []
+    for r in range(rounds):
+        shift = r % len(cases)
+        for mode, args in cases[shift:] + cases[:shift]:
+            res = run_worker(module, ["--mode", mode, *args], pythonpaths.get(mode), timeout)
+            print(f"round {r + 1}/{rounds} {describe(res)}", flush=True)
+            samples.append(res)
+    return samples
+
+
+def machine(torch: Any) -> dict[str, Any]:
+    """The GPU, driver, versions and host a result was measured on."""
+    props = torch.cuda.get_device_properties(0)
+    smi = subprocess.run(
+        [
+            "nvidia-smi",
+            "--query-gpu=driver_version,pcie.link.gen.max,pcie.link.width.max",
+            "--format=csv,noheader",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    # A copy of the tree without .git (the GPU host's) is told its commit in TORCH_UM_COMMIT.
+    rev = git.stdout.strip() if git.returncode == 0 else os.environ.get("TORCH_UM_COMMIT", "")
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "gpu_memory_gib": round(props.total_memory / GiB, 1),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+        "nvidia_smi": smi.stdout.strip() if smi.returncode == 0 else "unavailable",
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "host": f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs",
+        "repository_commit": rev or "unknown",
+    }
+
+
+def write(name: str, record: dict[str, Any], out: Path | None = None) -> Path:
+    """<out, default bench/results>/<name>-<gpu>-<date>.json, written atomically."""
+    out = out or RESULTS
+    gpu = re.sub(r"[^a-z0-9]+", "-", record["machine"]["gpu"].lower()).strip("-")
+    gpu = gpu.removeprefix("nvidia-")
+    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
+    record = {"benchmark": name, "date": date, **record}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{gpu}-{date}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+PATH_OPTIONS = {"--stock-pythonpath": "STOCK", "--um-pythonpath": "UM", "--out": "OUT"}
+
+
+def command_line(module: str) -> str:
+    """How this orchestrator was started, for the record: the values of path options
+    are replaced by their names (STOCK, UM, OUT), which bench/README.md explains."""
+    args = list(sys.argv[1:])
+    for i, arg in enumerate(args[:-1]):
+        if arg in PATH_OPTIONS:
+            args[i + 1] = PATH_OPTIONS[arg]
+    return shlex.join(["python", "-m", module, *args])

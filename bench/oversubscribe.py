@@ -1,0 +1,188 @@
+"""Listing 1 of Choi et al. (ACSOS-C 2021), scaled: a CPU tensor twice the device
+budget is copied to the GPU, squared there, and copied back.
+
+    python -m bench.oversubscribe --stock-pythonpath STOCK --um-pythonpath UM [--budget-gib 4]
+
+Modes, each a worker process of its own, alternating over rounds:
+  um            +um torch, device budget BUDGET: half the tensor must live in host RAM
+  stock         stock torch, the whole tensor on the GPU (it fits there physically):
+                what the same program costs when the GPU is big enough
+  stock-pinned  stock torch from page-locked host memory: the PCIe floor of the copies
+Per worker the program runs twice: ``first`` (fresh segments, first touch of every
+page) and ``again`` (the allocator's cached segments reused). Printed: seconds and
+GB/s of each phase, and the ratios of ``um`` to ``stock`` and to ``stock-pinned``.
+The total-managed cap is 80 % of the free memory each worker reads at start, and
+the tensor and its square must fit under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    BenchError,
+    GiB,
+    command_line,
+    emit,
+    machine,
+    run_rounds,
+    safe_cap,
+    um_module,
+    write,
+)
+
+MODES = ("um", "stock", "stock-pinned")
+PHASES = ("copy_in", "square", "copy_out")
+RUNS = ("first", "again")
+
+
+def worker(mode: str, budget: int) -> None:
+    import torch
+
+    um = um_module(torch, "stock" if mode.startswith("stock") else mode)
+    free, _, cap = safe_cap(torch)
+    size = 2 * budget
+    if um is not None:
+        if 2 * size > cap:
+            raise BenchError(
+                f"the tensor and its square ({2 * size / GiB:.1f} GiB) exceed the managed "
+                f"cap ({cap / GiB:.1f} GiB = 80 % of free memory): pass a smaller --budget-gib"
+            )
+        um.configure(enabled=True, max_managed=cap, device_budget=budget)
+    pinned = mode == "stock-pinned"
+    x_cpu = torch.empty(size // 4, dtype=torch.float32).uniform_(-4, 4)
+    if pinned:
+        x_cpu = x_cpu.pin_memory()
+    y_host = torch.empty(x_cpu.shape, dtype=x_cpu.dtype, pin_memory=pinned)
+    ref = x_cpu.square()
+
+    def now() -> float:
+        torch.cuda.synchronize()
+        return time.perf_counter()
+
+    runs: dict[str, dict[str, float]] = {}
+    for run in RUNS:
+        t0 = now()
+        x = x_cpu.to("cuda", non_blocking=pinned)
+        t1 = now()
+        y = x * x
+        t2 = now()
+        y_host.copy_(y, non_blocking=pinned)
+        t3 = now()
+        t_in, t_sq, t_out = t1 - t0, t2 - t1, t3 - t2
+        placed = um.stats()["um.device_placed_bytes"] if um is not None else x.nbytes + y.nbytes
+        if um is not None and not (um.is_managed(x) and um.is_managed(y)):
+            raise BenchError("mode um: the tensors are not in managed memory")
+        runs[run] = {"copy_in": t_in, "square": t_sq, "copy_out": t_out, "device_placed": placed}
+        del x, y
+    if not torch.equal(y_host, ref):
+        raise BenchError(f"mode {mode}: the GPU square differs from the CPU square")
+    emit(
+        {
+            "mode": mode,
+            "bytes": size,
+            "budget": budget,
+            "runs": runs,
+            "free_at_start": free,
+            "cap": cap,
+            "machine": machine(torch),
+        }
+    )
+
+
+def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode, run and phase: the median seconds over rounds and the GB/s it means;
+    per run and phase: um/stock and um/stock-pinned."""
+    size = samples[0]["bytes"]
+    table: dict[str, Any] = {}
+    for mode in MODES:
+        rows = [s for s in samples if s["mode"] == mode]
+        if not rows:
+            continue
+        table[mode] = {
+            run: {
+                phase: {
+                    "seconds": (sec := statistics.median(r["runs"][run][phase] for r in rows)),
+                    "GB/s": size / sec / 1e9,
+                }
+                for phase in PHASES
+            }
+            for run in RUNS
+        }
+    ratios = {}
+    for base in ("stock", "stock-pinned"):
+        if "um" in table and base in table:
+            ratios[f"um/{base}"] = {
+                run: {
+                    p: table["um"][run][p]["seconds"] / table[base][run][p]["seconds"]
+                    for p in PHASES
+                }
+                for run in RUNS
+            }
+    return {"seconds": table, "ratios": ratios}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.oversubscribe", description=__doc__)
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--budget-gib", type=float, default=4.0, help="device budget; tensor = 2x")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
+    ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
+    ap.add_argument("--out", default=None, help="results folder (default bench/results)")
+    a = ap.parse_args(argv)
+    budget = int(a.budget_gib * GiB) // 4096 * 4096
+    if a.worker:
+        worker(a.mode, budget)
+        return 0
+    paths = {"um": a.um_pythonpath, "stock": a.stock_pythonpath}
+    paths["stock-pinned"] = a.stock_pythonpath
+    cases = [(mode, ["--budget-gib", str(a.budget_gib)]) for mode in MODES]
+
+    def describe(s: dict[str, Any]) -> str:
+        first, again = s["runs"]["first"], s["runs"]["again"]
+        return f"{s['mode']:12s} " + "  ".join(
+            f"{p} {first[p]:.3f}/{again[p]:.3f} s" for p in PHASES
+        )
+
+    samples = run_rounds("bench.oversubscribe", cases, a.rounds, paths, describe)
+    summary = summarize(samples)
+    size = samples[0]["bytes"]
+    print(f"\n{size / GiB:.1f} GiB tensor, device budget {budget / GiB:.1f} GiB (median of rounds)")
+    print(f"{'mode':13s}{'run':7s}" + "".join(f"{p:>20s}" for p in PHASES))
+    for mode, runs in summary["seconds"].items():
+        for run, phases in runs.items():
+            cells = "".join(
+                f"{phases[p]['seconds']:9.3f} s {phases[p]['GB/s']:5.1f} GB/s" for p in PHASES
+            )
+            print(f"{mode:13s}{run:7s}{cells}")
+    for name, runs in summary["ratios"].items():
+        for run, phases in runs.items():
+            print(f"{name:19s} {run:6s}" + "".join(f"{p} {phases[p]:6.2f}x  " for p in PHASES))
+    um = next(s for s in samples if s["mode"] == "um")
+    stock = next(s for s in samples if s["mode"] == "stock")
+    record = {
+        "command": command_line("bench.oversubscribe"),
+        "machine": stock["machine"],
+        "um_torch": um["machine"]["torch"],
+        "settings": {"rounds": a.rounds, "budget_bytes": budget, "tensor_bytes": size},
+        "summary": summary,
+        "samples": [{k: v for k, v in s.items() if k != "machine"} for s in samples],
+    }
+    print(f"\nwrote {write('oversubscribe', record, Path(a.out) if a.out else None)}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as e:
+        print(f"bench.oversubscribe: {e}", file=sys.stderr)
+        sys.exit(1)

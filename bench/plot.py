@@ -1,0 +1,118 @@
+"""Plots of the newest results of each benchmark: bench/results/<name>-...png.
+
+    python -m bench.plot [RESULT.json ...]
+
+Without arguments: the newest JSON file of step_time and of oversubscribe in
+bench/results/. Needs matplotlib (``pip install -e '.[bench]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, BenchError
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise BenchError(f"plots need matplotlib: pip install -e '.[bench]' ({e})") from e
+    return plt
+
+
+def _title(record: dict[str, Any]) -> str:
+    m = record["machine"]
+    return f"{m['gpu']}, {record['um_torch']} vs {m['torch']}, {record['date']}"
+
+
+def plot_step_time(record: dict[str, Any], dest: Path) -> None:
+    plt = _pyplot()
+    summary = record["summary"]
+    models = list(summary)
+    modes = ["stock", "um-off", "um"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.27
+    for i, mode in enumerate(modes):
+        values = [summary[m][mode]["best_ms"] for m in models]
+        bars = ax.bar([x + (i - 1) * width for x in range(len(models))], values, width, label=mode)
+        for bar, model in zip(bars, models, strict=True):
+            ratio = summary[model].get(f"{mode}/stock", {}).get("best_ms")
+            if ratio is not None:
+                ax.annotate(
+                    f"{ratio:.3f}x",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                )
+    ax.set_xticks(range(len(models)), models)
+    ax.set_ylabel("training step, best worker median (ms)")
+    ax.set_title("Step time, data fits on the GPU\n" + _title(record), fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(dest, dpi=120)
+    plt.close(fig)
+
+
+def plot_oversubscribe(record: dict[str, Any], dest: Path) -> None:
+    plt = _pyplot()
+    seconds = record["summary"]["seconds"]
+    phases = ["copy_in", "square", "copy_out"]
+    runs = ["first", "again"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(10, 4), sharey=True)
+    width = 0.27
+    for ax, run in zip(axes, runs, strict=True):
+        for i, mode in enumerate(seconds):
+            values = [seconds[mode][run][p]["seconds"] for p in phases]
+            x = [k + (i - 1) * width for k in range(len(phases))]
+            ax.bar(x, values, width, label=mode)
+        ax.set_xticks(range(len(phases)), phases)
+        ax.set_title(f"{run} run", fontsize=9)
+    axes[0].set_ylabel("seconds (median of rounds)")
+    axes[0].legend()
+    settings = record["settings"]
+    fig.suptitle(
+        f"{settings['tensor_bytes'] / 2**30:.0f} GiB tensor, device budget "
+        f"{settings['budget_bytes'] / 2**30:.0f} GiB\n" + _title(record),
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(dest, dpi=120)
+    plt.close(fig)
+
+
+PLOTTERS = {"step_time": plot_step_time, "oversubscribe": plot_oversubscribe}
+
+
+def main(argv: list[str]) -> int:
+    files = [Path(a) for a in argv]
+    if not files:
+        for name in PLOTTERS:
+            found = sorted(RESULTS.glob(f"{name}-*.json"), key=lambda p: p.stat().st_mtime)
+            files += found[-1:]
+    if not files:
+        raise BenchError(f"no results in {RESULTS}: run a benchmark first (bench/README.md)")
+    for path in files:
+        record = json.loads(path.read_text())
+        plot = PLOTTERS.get(record.get("benchmark", ""))
+        if plot is None:
+            raise BenchError(f"{path}: not a result of {', '.join(PLOTTERS)}")
+        dest = path.with_suffix(".png")
+        plot(record, dest)
+        print(f"wrote {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BenchError as e:
+        print(f"bench.plot: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The benchmarks on the GPU host, in the repository root, against its stock torch 2.11
+# and the same torch staged as the torch-2.11.0+um wheel has it (tests/gpu/stage_torch.py
+# with the bundle of `python -m build_scripts.inject_path bundle`, carry .device/inject).
+#
+#   bash bench/run_on_device.sh [step_time|oversubscribe ...]   # default: both
+#
+# Results (JSON) and logs go to $OUT (default .device/bench); copy the JSON to
+# bench/results/ and run `python -m bench.plot` there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUNDLE=$(cd "${BUNDLE:-.device/inject}" && pwd)
+OUT=${OUT:-.device/bench}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PY=${PYTHON:-python3}
+STAGE=$(mktemp -d "${TMPDIR:-/tmp}/torch-um-stage.XXXXXX")
+trap 'rm -rf "$STAGE"' EXIT
+"$PY" tests/gpu/stage_torch.py --bundle "$BUNDLE" --dest "$STAGE/site" > "$OUT/stage.log"
+STOCK=${PYTHONPATH:-}
+UM="$STAGE/site${STOCK:+:$STOCK}"
+[ "$#" -gt 0 ] || set -- oversubscribe step_time
+for bench in "$@"; do
+  echo "== bench.$bench"
+  "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" --um-pythonpath "$UM" --out "$OUT" \
+    2>&1 | tee "$OUT/$bench.log"
+done
