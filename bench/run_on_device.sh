@@ -3,7 +3,8 @@
 # and the same torch staged as the torch-2.11.0+um wheel has it (tests/gpu/stage_torch.py
 # with the bundle of `python -m build_scripts.inject_path bundle`, carry .device/inject).
 #
-#   bash bench/run_on_device.sh [step_time|oversubscribe ...]   # default: both
+#   bash bench/run_on_device.sh                          # both, default settings
+#   bash bench/run_on_device.sh step_time --rounds 2     # one, with its options
 #
 # Results (JSON) and logs go to $OUT (default .device/bench); copy the JSON to
 # bench/results/ and run `python -m bench.plot` there.
@@ -19,9 +20,16 @@ trap 'rm -rf "$STAGE"' EXIT
 "$PY" tests/gpu/stage_torch.py --bundle "$BUNDLE" --dest "$STAGE/site" > "$OUT/stage.log"
 STOCK=${PYTHONPATH:-}
 UM="$STAGE/site${STOCK:+:$STOCK}"
-[ "$#" -gt 0 ] || set -- oversubscribe step_time
-for bench in "$@"; do
+run() {
+  local bench=$1
+  shift
   echo "== bench.$bench"
-  "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" --um-pythonpath "$UM" --out "$OUT" \
+  "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" --um-pythonpath "$UM" --out "$OUT" "$@" \
     2>&1 | tee "$OUT/$bench.log"
-done
+}
+if [ "$#" -gt 0 ]; then
+  run "$@"
+else
+  run oversubscribe
+  run step_time
+fi
