@@ -118,6 +118,8 @@ def machine(torch: Any) -> dict[str, Any]:
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     # A copy of the tree without .git (the GPU host's) is told its commit in TORCH_UM_COMMIT.
     rev = git.stdout.strip() if git.returncode == 0 else os.environ.get("TORCH_UM_COMMIT", "")
+    um = getattr(torch.cuda, "um", None)
+    engine = um.engine_library() if um is not None else None
     return {
         "gpu": torch.cuda.get_device_name(0),
         "gpu_memory_gib": round(props.total_memory / GiB, 1),
@@ -125,6 +127,9 @@ def machine(torch: Any) -> dict[str, Any]:
         "nvidia_smi": smi.stdout.strip() if smi.returncode == 0 else "unavailable",
         "torch": torch.__version__,
         "torch_git": torch.version.git_version,
+        # The engine (libtorch_um.so or libc10_cuda.so): a stock torch staged with the +um
+        # bundle keeps its own version string, so the engine is what tells the two apart.
+        "um_engine": os.path.basename(engine) if engine else None,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "host": f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs",

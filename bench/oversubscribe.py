@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command_line("bench.oversubscribe"),
         "machine": stock["machine"],
         "um_torch": um["machine"]["torch"],
+        "um_engine": um["machine"]["um_engine"],
         "settings": {"rounds": a.rounds, "budget_bytes": budget, "tensor_bytes": size},
         "summary": summary,
         "samples": [{k: v for k, v in s.items() if k != "machine"} for s in samples],

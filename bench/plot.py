@@ -29,7 +29,12 @@ def _pyplot() -> Any:
 
 def _title(record: dict[str, Any]) -> str:
     m = record["machine"]
-    return f"{m['gpu']}, {record['um_torch']} vs {m['torch']}, {record['date']}"
+    # Results before um_engine was recorded came from the injection bundle's engine.
+    engine = record.get("um_engine") or "libtorch_um.so"
+    return (
+        f"{m['gpu']}, {record['date']}: um = torch {record['um_torch']} with {engine}, "
+        f"stock = torch {m['torch']}"
+    )
 
 
 def plot_step_time(record: dict[str, Any], dest: Path) -> None:

@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command_line("bench.step_time"),
         "machine": stock["machine"],
         "um_torch": um["machine"]["torch"],
+        "um_engine": um["machine"]["um_engine"],
         "settings": {"rounds": a.rounds, "steps": a.steps, "warmup": a.warmup},
         "summary": summary,
         "samples": [{k: v for k, v in s.items() if k != "machine"} for s in samples],
