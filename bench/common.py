@@ -21,7 +21,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 GiB = 1 << 30
 REPO = Path(__file__).resolve().parents[1]
@@ -163,3 +163,37 @@ def command_line(module: str) -> str:
         if arg in PATH_OPTIONS:
             args[i + 1] = PATH_OPTIONS[arg]
     return shlex.join(["python", "-m", module, *args])
+
+
+def save(
+    name: str,
+    samples: list[dict[str, Any]],
+    settings: dict[str, Any],
+    summary: dict[str, Any],
+    out: str | None,
+) -> Path:
+    """The record of one orchestrator run: command, machine (of the stock workers), the
+    +um torch and engine, settings, summary and every sample; returns the file."""
+    stock = next(s for s in samples if s["mode"].startswith("stock"))
+    um = next(s for s in samples if s["mode"] == "um")
+    record = {
+        "command": command_line(f"bench.{name}"),
+        "machine": stock["machine"],
+        "um_torch": um["machine"]["torch"],
+        "um_engine": um["machine"]["um_engine"],
+        "settings": settings,
+        "summary": summary,
+        "samples": [{k: v for k, v in s.items() if k != "machine"} for s in samples],
+    }
+    path = write(name, record, Path(out) if out else None)
+    print(f"\nwrote {path}")
+    return path
+
+
+def run_main(name: str, main: Callable[[], int]) -> NoReturn:
+    """``python -m bench.<name>``: a BenchError is one line on stderr and exit status 1."""
+    try:
+        sys.exit(main())
+    except BenchError as e:
+        print(f"bench.{name}: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from bench.common import (
     BenchError,
     GiB,
-    command_line,
     emit,
     machine,
+    run_main,
     run_rounds,
     safe_cap,
+    save,
     um_module,
-    write,
 )
 
 MODES = ("um", "stock", "stock-pinned")
@@ -166,24 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, runs in summary["ratios"].items():
         for run, phases in runs.items():
             print(f"{name:19s} {run:6s}" + "".join(f"{p} {phases[p]:6.2f}x  " for p in PHASES))
-    um = next(s for s in samples if s["mode"] == "um")
-    stock = next(s for s in samples if s["mode"] == "stock")
-    record = {
-        "command": command_line("bench.oversubscribe"),
-        "machine": stock["machine"],
-        "um_torch": um["machine"]["torch"],
-        "um_engine": um["machine"]["um_engine"],
-        "settings": {"rounds": a.rounds, "budget_bytes": budget, "tensor_bytes": size},
-        "summary": summary,
-        "samples": [{k: v for k, v in s.items() if k != "machine"} for s in samples],
-    }
-    print(f"\nwrote {write('oversubscribe', record, Path(a.out) if a.out else None)}")
+    save(
+        "oversubscribe",
+        samples,
+        {"rounds": a.rounds, "budget_bytes": budget, "tensor_bytes": size},
+        summary,
+        a.out,
+    )
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as e:
-        print(f"bench.oversubscribe: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_main("oversubscribe", main)

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
 from bench.common import (
     BenchError,
-    command_line,
     emit,
     machine,
+    run_main,
     run_rounds,
     safe_cap,
+    save,
     um_module,
-    write,
 )
 
 MODES = ("stock", "um-off", "um")
@@ -123,24 +121,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{model:10s} {mode:7s} {ms['best_ms']:8.2f} {ms['median_ms']:10.2f}"
                     f" {ratio['best_ms']:11.3f} {ratio['median_ms']:13.3f}"
                 )
-    stock = next(s for s in samples if s["mode"] == "stock")
-    um = next(s for s in samples if s["mode"] == "um")
-    record = {
-        "command": command_line("bench.step_time"),
-        "machine": stock["machine"],
-        "um_torch": um["machine"]["torch"],
-        "um_engine": um["machine"]["um_engine"],
-        "settings": {"rounds": a.rounds, "steps": a.steps, "warmup": a.warmup},
-        "summary": summary,
-        "samples": [{k: v for k, v in s.items() if k != "machine"} for s in samples],
-    }
-    print(f"\nwrote {write('step_time', record, Path(a.out) if a.out else None)}")
+    save(
+        "step_time",
+        samples,
+        {"rounds": a.rounds, "steps": a.steps, "warmup": a.warmup},
+        summary,
+        a.out,
+    )
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as e:
-        print(f"bench.step_time: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_main("step_time", main)

@@ -62,3 +62,26 @@ def test_write_names_the_file_after_benchmark_gpu_and_date(tmp_path: Path) -> No
     data = json.loads(path.read_text())
     assert data["benchmark"] == "step_time" and data["summary"] == {}
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+def test_save_records_command_machine_engine_and_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["x", "--um-pythonpath", "/somewhere", "--rounds", "1"])
+    stock_machine = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "um_engine": None}
+    um_machine = {**stock_machine, "torch": "2.11.0+um", "um_engine": "libtorch_um.so"}
+    samples = [
+        {"mode": "um", "median_ms": 2.0, "machine": um_machine},
+        {"mode": "stock", "median_ms": 1.0, "machine": stock_machine},
+    ]
+    path = common.save("step_time", samples, {"rounds": 1}, {"s": 1}, str(tmp_path))
+    record = json.loads(path.read_text())
+    assert path.name.startswith("step_time-h100-80gb-hbm3-")
+    assert record["command"] == "python -m bench.step_time --um-pythonpath UM --rounds 1"
+    assert record["machine"] == stock_machine
+    assert (record["um_torch"], record["um_engine"]) == ("2.11.0+um", "libtorch_um.so")
+    assert record["settings"] == {"rounds": 1} and record["summary"] == {"s": 1}
+    assert record["samples"] == [
+        {"mode": "um", "median_ms": 2.0},
+        {"mode": "stock", "median_ms": 1.0},
+    ]
