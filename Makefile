@@ -34,7 +34,7 @@ build: $(STAMP)
 	$(VPY) -m build_scripts build --torch-version $(TORCH_VERSION) --python $(PYTHON)
 
 # Every Python file of the repository (mypy's narrower list is in pyproject.toml).
-LINT_PATHS := build_scripts c10_overlay docker tests
+LINT_PATHS := bench build_scripts c10_overlay docker tests
 
 lint: $(STAMP)
 	$(VPY) -m ruff check $(LINT_PATHS)
