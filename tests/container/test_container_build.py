@@ -21,7 +21,6 @@ less than NEEDED_GIB free. With docker, the runtime image the test tagged is rem
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -34,6 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from build_scripts.fsutil import sha256_file
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH_VERSION = os.environ.get("TORCH_VERSION", "2.6.0")
@@ -124,14 +125,6 @@ def _make(target: str, *assignments: str, env: dict[str, str]) -> str:
     print(f"make {target} {' '.join(assignments)}: {took:.0f} s (log: {log.relative_to(REPO)})")
     assert proc.returncode == 0, f"make {target} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
     return proc.stdout + proc.stderr
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _zip_differences(a: Path, b: Path) -> list[str]:
@@ -235,7 +228,7 @@ def test_overlay_wheel_is_a_um_wheel(two_wheels: tuple[Path, Path]) -> None:
 
 def test_wheel_bytes_are_reproducible(two_wheels: tuple[Path, Path]) -> None:
     a, b = two_wheels
-    ha, hb = _sha256(a), _sha256(b)
+    ha, hb = sha256_file(a), sha256_file(b)
     print(f"build a: {ha}  {a.name}\nbuild b: {hb}  {b.name}")
     assert a.name == b.name
     assert ha == hb, "wheels differ:\n" + "\n".join(_zip_differences(a, b)[:40])

@@ -110,7 +110,7 @@ def test_pip_download_uses_cached_file(tmp_path: Path, monkeypatch: pytest.Monke
         raise AssertionError("pip must not run")
 
     monkeypatch.setattr(subprocess, "run", no_run)
-    fetch.pip_download(
+    got = fetch.pip_download(
         "pkg==1.0",
         "pkg-1.0-py3-none-any.whl",
         sha(b"cached"),
@@ -118,3 +118,4 @@ def test_pip_download_uses_cached_file(tmp_path: Path, monkeypatch: pytest.Monke
         python_version="3.11",
         platform="any",
     )
+    assert got == tmp_path / "pkg-1.0-py3-none-any.whl"
