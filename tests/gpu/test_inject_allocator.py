@@ -271,6 +271,17 @@ def test_cap_raises_oom_and_recovers(torch_mod: Any, um: Any, limits: Limits) ->
     um.configure(max_managed=limits.cap)
     z = torch.ones(512 * MiB // 4, device="cuda")
     assert float(z.sum()) == z.numel()
+    # An OOM no refusal caused (a stock memory fraction below what is reserved) must not
+    # repeat the earlier refusal's reason.
+    torch.cuda.set_per_process_memory_fraction(128 * MiB / limits.total)
+    try:
+        with pytest.warns(UserWarning, match="CUDA out of memory under unified memory") as rec:
+            with pytest.raises(torch.OutOfMemoryError):
+                torch.empty(1 * GiB // 4, device="cuda")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    texts = [str(w.message) for w in rec if "unified memory" in str(w.message)]
+    assert texts and not any("Refused by unified memory" in t for t in texts), texts
 
 
 def test_host_headroom_raises_oom_and_recovers(torch_mod: Any, um: Any, limits: Limits) -> None:

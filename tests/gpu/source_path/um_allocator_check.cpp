@@ -212,6 +212,23 @@ static void checkOn(uint64_t cap) {
   conf = "max_managed:" + std::to_string(cap);
   CHECK(torch_um_configure(conf.c_str(), err, sizeof(err)) == 0,
         "restore the safety cap");
+  // An OOM no refusal caused (a stock memory fraction) must not repeat the
+  // earlier refusal's reason.
+  size_t total_mem = 0, free_mem = 0;
+  CUDA_OK(cudaMemGetInfo(&free_mem, &total_mem));
+  alloc::setMemoryFraction(double(128 * MiB) / double(total_mem), 0);
+  msg.clear();
+  try {
+    void* p = alloc::raw_alloc(1024 * MiB);
+    alloc::raw_delete(p);
+  } catch (const c10::OutOfMemoryError& e) {
+    msg = e.what_without_backtrace();
+  }
+  alloc::setMemoryFraction(1.0, 0);
+  CHECK(!msg.empty() && msg.find("Unified memory") != std::string::npos &&
+            msg.find("Refused by unified memory") == std::string::npos,
+        "an OOM from the memory fraction carries no stale refusal: ...%s",
+        msg.substr(msg.size() > 300 ? msg.size() - 300 : 0).c_str());
 
   // 6. IPC export of a managed block is refused with a clear error.
   void* shared = alloc::raw_alloc(4 * MiB);

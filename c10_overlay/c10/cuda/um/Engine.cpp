@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <utility>
 
 namespace c10::cuda::um {
 
@@ -88,6 +89,7 @@ cudaError_t Engine::allocSegment(
     c10::DeviceIndex device,
     cudaStream_t stream,
     bool capturing) {
+  last_refusal().clear();
   Config cfg;
   Placement placement = Placement::Unplaced;
   // Warnings may call into Python: emit them only after mu_ is released.
@@ -252,9 +254,9 @@ std::string Engine::oomReport(c10::DeviceIndex device) const {
   if (!cfg.enabled) {
     return "";
   }
-  std::string why = last_refusal().empty()
-      ? std::string()
-      : " Refused by unified memory: " + last_refusal();
+  std::string refusal = std::exchange(last_refusal(), std::string());
+  std::string why =
+      refusal.empty() ? std::string() : " Refused by unified memory: " + refusal;
   return why + " Unified memory (PYTORCH_CUDA_UM_CONF): " +
       formatBytes(s.total_managed_bytes) + " managed in total, cap " +
       (cfg.max_managed ? formatBytes(*cfg.max_managed) : std::string("none")) +

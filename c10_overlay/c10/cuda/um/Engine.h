@@ -44,7 +44,10 @@ class Engine {
   void resetPeak();
   std::string oomReport(c10::DeviceIndex device) const;
 
-  // Why this thread's last segment request was refused ("" if none was).
+  // Why this thread's last segment request was refused ("" if it was not, or
+  // once an OOM report has told it): an OutOfMemoryError that no refusal
+  // caused (a memory fraction, a real cudaMallocManaged failure) must not
+  // carry an earlier refusal's reason.
   static std::string& last_refusal();
 
  private:
