@@ -332,7 +332,8 @@ using c10::cuda::um::writeError;
 
 void onTrace(const c10::CachingDeviceAllocator::TraceEntry& e) {
   using A = c10::CachingDeviceAllocator::TraceEntry::Action;
-  // Called with the allocator's device lock held: counters only.
+  // Called with the allocator's device lock held: counters only (the
+  // engine's inlet is a tracker of its own, Events.cpp).
   switch (e.action_) {
     case A::ALLOC:
       counters().block_allocs.fetch_add(1, kRelaxed);
@@ -390,6 +391,8 @@ TORCH_UM_API int torch_um_inject_attach(char* err, size_t errlen) {
     }
     alloc->attachAllocatorTraceTracker(onTrace);
     alloc->attachOutOfMemoryObserver(onOutOfMemory);
+    // The engine's own inlet: ALLOC and FREE_COMPLETED drive residency.
+    c10::cuda::um::attachBlockEvents();
     counters().attached.store(1);
     return 0;
   } catch (const c10::Error& e) {

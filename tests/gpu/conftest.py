@@ -103,6 +103,9 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         device_budget="90%",
         host_headroom="2GiB",
         prefetch=True,
+        policy="lru",
+        discard=True,
+        hooks=True,
     )
     torch.cuda.set_per_process_memory_fraction(1.0)
 

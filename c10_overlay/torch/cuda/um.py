@@ -43,6 +43,7 @@ import ctypes
 import os
 import platform
 import threading
+import time
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, TypeAlias, Union
@@ -102,6 +103,22 @@ class _Stats(ctypes.Structure):
             "peak_managed_bytes",
             "cap_refusals",
             "headroom_refusals",
+            "policy_lru",
+            "dead_device_bytes",
+            "events_attached",
+            "block_events",
+            "touches",
+            "touch_prefetch_bytes",
+            "reuse_bytes",
+            "place_bytes",
+            "map_host_bytes",
+            "evictions",
+            "evict_bytes",
+            "discards",
+            "discard_bytes",
+            "executor_calls",
+            "executor_failures",
+            "executor_ns",
         )
     ]
 
@@ -267,6 +284,9 @@ def configure(
     device_budget: Size | None = None,
     host_headroom: Size | None = None,
     prefetch: bool | None = None,
+    policy: str | None = None,
+    discard: bool | None = None,
+    hooks: bool | None = None,
 ) -> None:
     """Change the engine's settings for allocations made from now on.
 
@@ -285,7 +305,16 @@ def configure(
             raise TypeError(f"conf must be a str, got {type(conf).__name__}")
         if conf.strip():
             parts.append(conf.strip())
-    for key, flag in (("enabled", enabled), ("prefetch", prefetch)):
+    if policy is not None:
+        if not isinstance(policy, str):
+            raise TypeError(f"policy must be a str, got {type(policy).__name__}")
+        parts.append(f"policy:{policy}")
+    for key, flag in (
+        ("enabled", enabled),
+        ("prefetch", prefetch),
+        ("discard", discard),
+        ("hooks", hooks),
+    ):
         if flag is not None:
             if not isinstance(flag, bool):
                 raise TypeError(f"{key} must be a bool, got {type(flag).__name__}")
@@ -513,6 +542,119 @@ def advise(obj: TensorsLike, advice: str, device: DeviceLike = None) -> int:
     return total
 
 
+# ---- use signals: module hooks -------------------------------------------------
+#
+# Note [Use signals]
+# The allocator's block events tell the engine when a block is handed out, not
+# when a long-lived tensor (a weight, a saved activation) is used again. Once a
+# device has run past its budget, and only then, global module hooks report
+# such uses to the engine (torch_um_touch), just before they happen:
+#   - forward pre-hook: the module's own parameters and buffers;
+#   - forward hook, when autograd records: a hook on the module's output that
+#     fires when its gradient arrives, i.e. just before the module's backward,
+#     and touches the module's parameters, inputs and outputs (what its
+#     backward reads).
+# A touch brings the range to the device on the current stream, the least
+# recently used ranges leaving to make room (policy lru). Memory that is not
+# managed is ignored. A watcher thread, started when CUDA initialises, polls
+# torch_um_under_pressure() ten times a second and installs the hooks once it
+# says so, so that a job that fits never pays for them.
+
+_hooks_installed = False
+_hook_handles: list[object] = []
+
+
+def _ranges_of(tensors: Iterable[object]) -> list[tuple[int, int, int]]:
+    out = []
+    seen: set[int] = set()
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            continue
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr == 0 or ptr in seen:
+            continue
+        seen.add(ptr)
+        out.append((ptr, st.nbytes(), t.device.index or 0))
+    return out
+
+
+def _touch(ranges: list[tuple[int, int, int]]) -> None:
+    if _lib is None:
+        return
+    for ptr, size, dev in ranges:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        _lib.torch_um_touch(ctypes.c_void_p(ptr), size, dev, ctypes.c_void_p(stream))
+
+
+def _own_tensors(module: "Module") -> list[object]:
+    return [*module._parameters.values(), *module._buffers.values()]
+
+
+def _pre_forward(module: "Module", args: object) -> None:
+    own = _own_tensors(module)
+    if own:
+        _touch(_ranges_of(own))
+
+
+def _flat(obj: object) -> list[object]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for t in obj if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _post_forward(module: "Module", args: object, output: object) -> None:
+    if not torch.is_grad_enabled():
+        return
+    outs = _flat(output)
+    anchor = next((t for t in outs if t.requires_grad), None)
+    if anchor is None:
+        return
+    ranges = _ranges_of([*_own_tensors(module), *_flat(args), *outs])
+    if not ranges:
+        return
+
+    def before_backward(grad: torch.Tensor) -> None:
+        _touch(ranges)
+
+    anchor.register_hook(before_backward)
+
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    from torch.nn.modules import module as nn_module
+
+    _hook_handles.append(nn_module.register_module_forward_pre_hook(_pre_forward))
+    _hook_handles.append(nn_module.register_module_forward_hook(_post_forward))
+    _hooks_installed = True
+
+
+def _hooks_wanted() -> bool:
+    cfg = get_config()
+    return cfg.get("policy") == "lru" and cfg.get("hooks") == "True" and is_enabled()
+
+
+def _watch_pressure() -> None:
+    lib = _lib
+    if lib is None or not hasattr(lib, "torch_um_under_pressure"):
+        return
+    lib.torch_um_under_pressure.restype = ctypes.c_int
+    lib.torch_um_touch.restype = ctypes.c_longlong
+    lib.torch_um_touch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+
+    def watch() -> None:
+        while not lib.torch_um_under_pressure():
+            time.sleep(0.1)
+        if _hooks_wanted():
+            _install_hooks()
+
+    threading.Thread(target=watch, name="torch.cuda.um pressure watch", daemon=True).start()
+
+
 # ---- wiring into torch (injection path) --------------------------------------
 
 _attach_lock = threading.Lock()
@@ -520,18 +662,28 @@ _attach_error: str | None = None
 
 
 def _attach() -> None:
-    """Runs once CUDA is initialised (torch.cuda._lazy_call)."""
+    """Runs once CUDA is initialised (torch.cuda._lazy_call): connects the
+    engine to the caching allocator's block events (its trace tracker)."""
     global _attach_error
-    if not _injected or _lib is None:
+    if _lib is None:
         return
     with _attach_lock:
         err = ctypes.create_string_buffer(_ERRLEN)
-        rc = int(_lib.torch_um_inject_attach(err, _ERRLEN))
+        if _injected:
+            rc = int(_lib.torch_um_inject_attach(err, _ERRLEN))
+        elif hasattr(_lib, "torch_um_attach_events"):
+            fn = _lib.torch_um_attach_events
+            fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t]
+            rc = int(fn(err, _ERRLEN))
+        else:
+            return
         if rc != 0:
             _attach_error = err.value.decode(errors="replace")
             if is_enabled():
                 warnings.warn(f"torch.cuda.um: {_attach_error}", stacklevel=2)
         _drop_expandable_segments()
+        if is_enabled():
+            _watch_pressure()
 
 
 def _expandable_requested() -> bool:
@@ -563,11 +715,10 @@ def _install() -> None:
     # interposed cudaIpcGetMemHandle): torch raises RuntimeError with its text.
     if _lib is None:
         return
-    if _injected:
-        # torch.cuda is still being imported: take _lazy_call from the module.
-        from torch.cuda import _lazy_call
+    # torch.cuda is still being imported: take _lazy_call from the module.
+    from torch.cuda import _lazy_call
 
-        _lazy_call(_attach)
+    _lazy_call(_attach)
 
 
 _install()

@@ -4,6 +4,7 @@
 
 #include <c10/cuda/um/CudaCompat.h>
 #include <c10/cuda/um/ErrorText.h>
+#include <c10/cuda/um/UnifiedMemory.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -113,9 +114,14 @@ TORCH_UM_API int torch_um_prefetch(
   if (location < c10::cuda::um::compat::kHost) {
     return fail(err, errlen, "prefetch: location must be a device index or -1");
   }
-  cudaError_t e = c10::cuda::um::compat::prefetch(
-      ptr, size, location, static_cast<cudaStream_t>(stream));
-  return e == cudaSuccess ? 0 : cudaFail(err, errlen, "cudaMemPrefetchAsync", e);
+  try {
+    cudaError_t e = Engine::get().prefetch(
+        ptr, size, location, static_cast<cudaStream_t>(stream));
+    return e == cudaSuccess ? 0
+                            : cudaFail(err, errlen, "cudaMemPrefetchAsync", e);
+  } catch (const c10::Error& e) {
+    return fail(err, errlen, e.what_without_backtrace());
+  }
 }
 
 TORCH_UM_API int torch_um_advise(
@@ -148,8 +154,47 @@ TORCH_UM_API int torch_um_advise(
     default:
       return fail(err, errlen, "advise: unknown advice " + std::to_string(advice));
   }
-  cudaError_t e = c10::cuda::um::compat::advise(ptr, size, a, location);
-  return e == cudaSuccess ? 0 : cudaFail(err, errlen, "cudaMemAdvise", e);
+  try {
+    cudaError_t e = Engine::get().advise(ptr, size, a, location);
+    return e == cudaSuccess ? 0 : cudaFail(err, errlen, "cudaMemAdvise", e);
+  } catch (const c10::Error& e) {
+    return fail(err, errlen, e.what_without_backtrace());
+  }
+}
+
+TORCH_UM_API long long torch_um_touch(
+    const void* ptr,
+    size_t size,
+    int device,
+    void* stream) {
+  if (device < 0) {
+    return -1;
+  }
+  try {
+    return static_cast<long long>(Engine::get().touch(
+        ptr, size, device, static_cast<cudaStream_t>(stream)));
+  } catch (...) {
+    return -1;
+  }
+}
+
+TORCH_UM_API int torch_um_under_pressure(void) {
+  try {
+    return Engine::get().underPressure() ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+TORCH_UM_API int torch_um_attach_events(char* err, size_t errlen) {
+  try {
+    c10::cuda::um::attachBlockEvents();
+    return 0;
+  } catch (const c10::Error& e) {
+    return fail(err, errlen, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return fail(err, errlen, e.what());
+  }
 }
 
 } // extern "C"

@@ -13,7 +13,8 @@ namespace c10::cuda::um {
 namespace {
 
 constexpr const char* kKeys =
-    "enabled, max_managed, device_budget, host_headroom, prefetch";
+    "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
+    "discard, hooks";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -157,6 +158,12 @@ std::string Config::str() const {
   s += ",host_headroom:" + std::to_string(host_headroom);
   s += ",prefetch:";
   s += prefetch ? "True" : "False";
+  s += ",policy:";
+  s += lru ? "lru" : "static";
+  s += ",discard:";
+  s += discard ? "True" : "False";
+  s += ",hooks:";
+  s += hooks ? "True" : "False";
   return s;
 }
 
@@ -188,6 +195,20 @@ Config parseConfig(
       cfg.enabled = parseBool(key, value, source);
     } else if (key == "prefetch") {
       cfg.prefetch = parseBool(key, value, source);
+    } else if (key == "hooks") {
+      cfg.hooks = parseBool(key, value, source);
+    } else if (key == "discard") {
+      cfg.discard = parseBool(key, value, source);
+    } else if (key == "policy") {
+      TORCH_CHECK(
+          value == "lru" || value == "static",
+          source,
+          ": 'policy' takes lru (residency managed over time under the "
+          "device budget) or static (a segment stays where it was placed "
+          "when allocated), got '",
+          value,
+          "'.");
+      cfg.lru = value == "lru";
     } else if (key == "max_managed") {
       if (value == "none" || value == "None") {
         cfg.max_managed.reset();

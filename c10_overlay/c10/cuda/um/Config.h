@@ -37,6 +37,14 @@ struct Config {
   uint64_t host_headroom = 2ull << 30;
   // Prefetch a new segment to where it was placed.
   bool prefetch = true;
+  // Residency policy (Residency.h): "lru" moves data over time under the
+  // budget; "static" keeps a segment where it was placed when allocated.
+  bool lru = true;
+  // Dead data (blocks the allocator has freed) is discarded, never copied.
+  bool discard = true;
+  // torch.cuda.um's module hooks report parameters and saved activations as
+  // about to be used, once a device has run past its budget (um.py).
+  bool hooks = true;
 
   // Canonical "key:value,..." form of every setting.
   std::string str() const;

@@ -59,3 +59,63 @@ inline cudaError_t advise(
 }
 
 } // namespace c10::cuda::um::compat
+
+namespace c10::cuda::um::compat {
+
+// Prefetch a batch of ranges to one location on `stream`.
+inline cudaError_t prefetchBatch(
+    void** ptrs,
+    size_t* sizes,
+    size_t count,
+    int device,
+    cudaStream_t stream) {
+#if CUDART_VERSION >= 13000
+  cudaMemLocation loc = location(device);
+  size_t first = 0;
+  return cudaMemPrefetchBatchAsync(
+      ptrs, sizes, count, &loc, &first, 1, 0, stream);
+#else
+  for (size_t i = 0; i < count; ++i) {
+    cudaError_t e = prefetch(ptrs[i], sizes[i], device, stream);
+    if (e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+#endif
+}
+
+// True where dead pages can be dropped without a copy (CUDA >= 13).
+constexpr bool kHasDiscard = CUDART_VERSION >= 13000;
+
+// Drop the pages of dead ranges, or (before CUDA 13) move them to the host.
+inline cudaError_t discardBatch(
+    void** ptrs,
+    size_t* sizes,
+    size_t count,
+    cudaStream_t stream) {
+#if CUDART_VERSION >= 13000
+  return cudaMemDiscardBatchAsync(ptrs, sizes, count, 0, stream);
+#else
+  return prefetchBatch(ptrs, sizes, count, kHost, stream);
+#endif
+}
+
+// Drop the pages of dead ranges and populate them at `device` (or kHost).
+inline cudaError_t discardAndPrefetchBatch(
+    void** ptrs,
+    size_t* sizes,
+    size_t count,
+    int device,
+    cudaStream_t stream) {
+#if CUDART_VERSION >= 13000
+  cudaMemLocation loc = location(device);
+  size_t first = 0;
+  return cudaMemDiscardAndPrefetchBatchAsync(
+      ptrs, sizes, count, &loc, &first, 1, 0, stream);
+#else
+  return prefetchBatch(ptrs, sizes, count, device, stream);
+#endif
+}
+
+} // namespace c10::cuda::um::compat

@@ -1,5 +1,6 @@
 #include <c10/cuda/um/Engine.h>
 
+#include <c10/cuda/um/CudaCompat.h>
 #include <c10/cuda/um/HostMemory.h>
 #include <c10/cuda/um/UnifiedMemory.h>
 #include <c10/util/Exception.h>
@@ -75,12 +76,69 @@ Ledger Engine::ledger(c10::DeviceIndex device) const {
   const DeviceState& st = devices_[device];
   Ledger l;
   l.managed_bytes = managed_bytes_;
-  // Unplaced segments migrate to the GPU on touch: count them as device.
-  l.device_placed_bytes =
-      st.placed_bytes[static_cast<int>(Placement::Device)] +
-      st.placed_bytes[static_cast<int>(Placement::Unplaced)];
-  l.device_total_bytes = st.total_bytes;
+  l.device_resident_bytes = residency_.bytesOn(device, Where::Device) +
+      residency_.bytesOn(device, Where::Unplaced);
+  l.device_budget_bytes = cfg_.device_budget.resolve(st.total_bytes);
   return l;
+}
+
+DeviceLimits Engine::limits(int device, bool capturing) const {
+  DeviceLimits lim;
+  const bool concurrent = static_cast<size_t>(device) < devices_.size() &&
+      devices_[device].concurrent_access;
+  lim.can_act = concurrent && !capturing && captures_.load() == 0;
+  lim.budget = static_cast<size_t>(device) < devices_.size()
+      ? cfg_.device_budget.resolve(devices_[device].total_bytes)
+      : 0;
+  lim.discard = cfg_.discard && compat::kHasDiscard;
+  return lim;
+}
+
+const Engine::Segment* Engine::segmentOf(const void* ptr) const {
+  // The segment that starts at or before ptr, if ptr lies inside it
+  // (interior pointers of split blocks included).
+  auto it = segments_.upper_bound(ptr);
+  if (it == segments_.begin()) {
+    return nullptr;
+  }
+  --it;
+  auto p = static_cast<const char*>(ptr);
+  auto base = static_cast<const char*>(it->first);
+  return p < base + it->second.size ? &it->second : nullptr;
+}
+
+void Engine::notePressure() {
+  const ResidencyCounters& c = residency_.counters();
+  if (c.evict_bytes + c.map_host_bytes + c.discard_bytes > 0) {
+    pressure_.store(true, std::memory_order_relaxed);
+  }
+}
+
+uint64_t Engine::touch(
+    const void* ptr,
+    size_t size,
+    int device,
+    cudaStream_t stream) {
+  std::vector<Action> actions;
+  uint64_t moved = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Segment* seg = segmentOf(ptr);
+    if (seg == nullptr || !cfg_.lru) {
+      return 0;
+    }
+    moved = residency_.touch(
+        reinterpret_cast<uintptr_t>(ptr),
+        size,
+        device,
+        stream,
+        Policy::Lru,
+        limits(seg->device, false),
+        actions);
+    notePressure();
+  }
+  executor_.run(actions, true);
+  return moved;
 }
 
 cudaError_t Engine::allocSegment(
@@ -91,7 +149,6 @@ cudaError_t Engine::allocSegment(
     bool capturing) {
   last_refusal().clear();
   Config cfg;
-  Placement placement = Placement::Unplaced;
   // Warnings may call into Python: emit them only after mu_ is released.
   std::string warning;
   std::optional<std::string> refusal;
@@ -108,22 +165,13 @@ cudaError_t Engine::allocSegment(
       refusal = cap_.refuse(cfg, l, size);
       if (refusal) {
         ++cap_refusals_;
+      } else if (st.concurrent_access &&
+                 (refusal = headroom_.refuse(cfg, l, size))) {
+        ++headroom_refusals_;
       } else {
-        bool quiet = capturing || captures_.load() > 0;
-        placement =
-            placement_.choose(cfg, l, size, st.concurrent_access && !quiet);
-        if (placement == Placement::Unplaced && quiet) {
-          ++st.prefetches_skipped_capture;
-        }
-        refusal = headroom_.refuse(cfg, placement, size);
-        if (refusal) {
-          ++headroom_refusals_;
-        } else {
-          // Reserve before dropping the lock so that concurrent allocations
-          // cannot overshoot the cap or the budget together.
-          managed_bytes_ += size;
-          st.placed_bytes[static_cast<int>(placement)] += size;
-        }
+        // Reserve before dropping the lock so that concurrent allocations
+        // cannot overshoot the cap together.
+        managed_bytes_ += size;
       }
     }
   }
@@ -141,26 +189,34 @@ cudaError_t Engine::allocSegment(
   }
 
   cudaError_t err = cudaMallocManaged(ptr, size, cudaMemAttachGlobal);
-  size_t prefetched = 0;
-  if (err == cudaSuccess) {
-    prefetched = placement_.apply(cfg, *ptr, size, device, placement, stream);
+  std::vector<Action> actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    DeviceState& st = devices_[device];
+    if (err != cudaSuccess) {
+      managed_bytes_ -= size;
+      return err;
+    }
+    segments_.emplace(*ptr, Segment{size, device});
+    st.managed_segments += 1;
+    st.managed_bytes += size;
+    const bool quiet = capturing || captures_.load() > 0;
+    if (quiet && st.concurrent_access) {
+      ++st.prefetches_skipped_capture;
+    }
+    residency_.addSegment(
+        reinterpret_cast<uintptr_t>(*ptr),
+        size,
+        device,
+        stream,
+        events_attached_.load(),
+        cfg_.lru ? Policy::Lru : Policy::Static,
+        limits(device, capturing),
+        actions);
+    notePressure();
+    peak_managed_bytes_ = std::max(peak_managed_bytes_, managed_bytes_);
   }
-
-  std::lock_guard<std::mutex> lock(mu_);
-  DeviceState& st = devices_[device];
-  if (err != cudaSuccess) {
-    managed_bytes_ -= size;
-    st.placed_bytes[static_cast<int>(placement)] -= size;
-    return err;
-  }
-  segments_.emplace(*ptr, Segment{size, device, placement});
-  st.managed_segments += 1;
-  st.managed_bytes += size;
-  if (prefetched > 0) {
-    st.prefetches += 1;
-    st.prefetch_bytes += prefetched;
-  }
-  peak_managed_bytes_ = std::max(peak_managed_bytes_, managed_bytes_);
+  executor_.run(actions, cfg.prefetch);
   return cudaSuccess;
 }
 
@@ -171,15 +227,99 @@ cudaError_t Engine::freeSegment(void* ptr) {
     if (it != segments_.end()) {
       const Segment seg = it->second;
       segments_.erase(it);
+      residency_.removeSegment(reinterpret_cast<uintptr_t>(ptr));
       DeviceState& st = devices_[seg.device];
       st.managed_segments -= 1;
       st.managed_bytes -= seg.size;
-      st.placed_bytes[static_cast<int>(seg.placement)] -= seg.size;
       managed_bytes_ -= seg.size;
     }
   }
   // cudaFree releases managed and device memory alike.
   return cudaFree(ptr);
+}
+
+void Engine::onBlockEvent(
+    BlockEvent event,
+    uintptr_t addr,
+    size_t size,
+    cudaStream_t stream) {
+  std::vector<Action> actions;
+  bool prefetch = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++block_events_;
+    const Segment* seg = segmentOf(reinterpret_cast<const void*>(addr));
+    if (seg == nullptr) {
+      return; // a plain cudaMalloc segment (UM off when it was made)
+    }
+    if (event == BlockEvent::FreeCompleted) {
+      residency_.onFree(addr, size);
+      return;
+    }
+    residency_.onAlloc(
+        addr,
+        size,
+        stream,
+        cfg_.lru ? Policy::Lru : Policy::Static,
+        limits(seg->device, false),
+        actions);
+    if (!actions.empty()) {
+      notePressure();
+    }
+    prefetch = cfg_.prefetch;
+  }
+  executor_.run(actions, prefetch);
+}
+
+void Engine::setEventsAttached() {
+  events_attached_.store(true);
+}
+
+cudaError_t Engine::prefetch(
+    const void* ptr,
+    size_t size,
+    int location,
+    cudaStream_t stream) {
+  std::vector<Action> actions;
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Segment* seg = segmentOf(ptr);
+    if (seg != nullptr) {
+      known = true;
+      const auto addr = reinterpret_cast<uintptr_t>(ptr);
+      const DeviceLimits lim = limits(seg->device, false);
+      if (location == compat::kHost) {
+        residency_.evict(addr, size, stream, lim, actions);
+      } else {
+        residency_.touch(
+            addr,
+            size,
+            location,
+            stream,
+            cfg_.lru ? Policy::Lru : Policy::Static,
+            lim,
+            actions);
+      }
+    }
+  }
+  if (!known) {
+    return compat::prefetch(ptr, size, location, stream);
+  }
+  executor_.run(actions, true);
+  return cudaSuccess;
+}
+
+cudaError_t Engine::advise(
+    const void* ptr,
+    size_t size,
+    cudaMemoryAdvise advice,
+    int location) {
+  // Advice moves no page, so the ledger does not change: with policy lru,
+  // PreferredLocation and AccessedBy are the engine's own (set on every
+  // segment when it is made); changing them makes GPU touches of evicted
+  // pages migrate them instead of reading them in place.
+  return compat::advise(ptr, size, advice, location);
 }
 
 void Engine::captureBegin() {
@@ -207,39 +347,48 @@ bool Engine::enabled() const {
 
 bool Engine::isManaged(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
-  // The segment that starts at or before ptr, if ptr lies inside it
-  // (interior pointers of split blocks included).
-  auto it = segments_.upper_bound(ptr);
-  if (it == segments_.begin()) {
-    return false;
-  }
-  --it;
-  auto p = static_cast<const char*>(ptr);
-  auto base = static_cast<const char*>(it->first);
-  return p < base + it->second.size;
+  return segmentOf(ptr) != nullptr;
 }
 
 TorchUmStats Engine::stats(c10::DeviceIndex device) const {
+  const ExecutorCounters ex = executor_.counters();
   std::lock_guard<std::mutex> lock(mu_);
   TorchUmStats s{};
   s.struct_size = sizeof(TorchUmStats);
+  const ResidencyCounters& rc = residency_.counters();
   if (device >= 0 && static_cast<size_t>(device) < devices_.size()) {
     const DeviceState& st = devices_[device];
     s.managed_segments = st.managed_segments;
     s.managed_bytes = st.managed_bytes;
-    s.device_placed_bytes = st.placed_bytes[static_cast<int>(Placement::Device)];
-    s.host_placed_bytes = st.placed_bytes[static_cast<int>(Placement::Host)];
-    s.unplaced_bytes = st.placed_bytes[static_cast<int>(Placement::Unplaced)];
-    s.prefetches = st.prefetches;
-    s.prefetch_bytes = st.prefetch_bytes;
+    s.device_placed_bytes = residency_.bytesOn(device, Where::Device);
+    s.host_placed_bytes = residency_.bytesOn(device, Where::Host);
+    s.unplaced_bytes = residency_.bytesOn(device, Where::Unplaced);
     s.prefetches_skipped_capture = st.prefetches_skipped_capture;
     s.device_total_bytes = st.total_bytes;
     s.device_budget_bytes = cfg_.device_budget.resolve(st.total_bytes);
+    s.dead_device_bytes = residency_.deadOnDevice(device);
   }
+  s.prefetches = rc.touches;
+  s.prefetch_bytes = rc.place_bytes + rc.prefetch_bytes + rc.reuse_bytes;
   s.total_managed_bytes = managed_bytes_;
   s.peak_managed_bytes = peak_managed_bytes_;
   s.cap_refusals = cap_refusals_;
   s.headroom_refusals = headroom_refusals_;
+  s.policy_lru = cfg_.lru ? 1 : 0;
+  s.events_attached = events_attached_.load() ? 1 : 0;
+  s.block_events = block_events_;
+  s.touches = rc.touches;
+  s.touch_prefetch_bytes = rc.prefetch_bytes;
+  s.reuse_bytes = rc.reuse_bytes;
+  s.place_bytes = rc.place_bytes;
+  s.map_host_bytes = rc.map_host_bytes;
+  s.evictions = rc.evictions;
+  s.evict_bytes = rc.evict_bytes;
+  s.discards = rc.discards;
+  s.discard_bytes = rc.discard_bytes;
+  s.executor_calls = ex.calls;
+  s.executor_failures = ex.failures;
+  s.executor_ns = ex.nanoseconds;
   return s;
 }
 
@@ -287,6 +436,18 @@ cudaError_t freeSegment(void* ptr) {
 
 void captureBegin() {
   Engine::get().captureBegin();
+}
+
+void onBlockEvent(
+    BlockEvent event,
+    uintptr_t addr,
+    size_t size,
+    cudaStream_t stream) {
+  Engine::get().onBlockEvent(event, addr, size, stream);
+}
+
+void setEventsAttached() {
+  Engine::get().setEventsAttached();
 }
 
 void captureEnd() {

@@ -1,20 +1,35 @@
 // The unified-memory engine: one per process, shared by both integration
 // paths. It owns the configuration, the registry of managed segments, the
-// counters, and composes the policies of Policies.h. It knows nothing of how
-// it is reached: UnifiedMemory.h (hooks) and c_api.h (C API) call into it.
+// residency ledger (Residency.h) and the executor of its actions
+// (Executor.h), and composes the admission policies of Policies.h. It knows
+// nothing of how it is reached: UnifiedMemory.h (hooks, block events) and
+// c_api.h (C API) call into it.
+//
+// Note [Engine: locks]
+// ~~~~~~~~~~~~~~~~~~~~
+// Lock order: the caching allocator's lock, then the engine's mu_. Segment
+// allocation and release and the allocator's block events arrive with the
+// allocator's lock held; the engine takes mu_ to update its ledger and decide
+// actions, drops it, and only then runs them (CUDA calls) through the
+// Executor. The engine never calls the caching allocator, and never calls
+// into CUDA or Python while holding mu_ (device probing aside, which happens
+// once per device).
 #pragma once
 
 #include <c10/core/Device.h>
 #include <c10/cuda/um/Config.h>
+#include <c10/cuda/um/Executor.h>
 #include <c10/cuda/um/Policies.h>
+#include <c10/cuda/um/Residency.h>
+#include <c10/cuda/um/UnifiedMemory.h>
 #include <c10/cuda/um/c_api.h>
 
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <string>
-#include <map>
 #include <vector>
 
 namespace c10::cuda::um {
@@ -32,6 +47,41 @@ class Engine {
       cudaStream_t stream,
       bool capturing);
   cudaError_t freeSegment(void* ptr);
+
+  // Note [Event inlet]: the allocator handed out (Alloc) or took back
+  // (FreeCompleted) a block. Called under the allocator's lock; cheap when
+  // the block's pages are where they should be (no CUDA call then).
+  void onBlockEvent(
+      BlockEvent event,
+      uintptr_t addr,
+      size_t size,
+      cudaStream_t stream);
+  // Segments allocated from now on have their blocks tracked by events.
+  void setEventsAttached();
+
+  // Explicit moves (torch.cuda.um.prefetch): to a device (`location` >= 0)
+  // the range is touched under the policy; to the host (-1) it is evicted.
+  // Memory that is not an engine segment is prefetched as asked.
+  cudaError_t prefetch(
+      const void* ptr,
+      size_t size,
+      int location,
+      cudaStream_t stream);
+  // The Python layer's use signal: live [ptr, ptr+size) is about to be used
+  // on `device`. Memory that is not an engine segment is ignored. Returns
+  // the bytes asked to move.
+  uint64_t touch(const void* ptr, size_t size, int device, cudaStream_t stream);
+  // True once any device ran out of budget (data was evicted or placed in
+  // host RAM): the Python layer installs its use-signal hooks only then.
+  bool underPressure() const {
+    return pressure_.load(std::memory_order_relaxed);
+  }
+
+  cudaError_t advise(
+      const void* ptr,
+      size_t size,
+      cudaMemoryAdvise advice,
+      int location);
 
   void captureBegin();
   void captureEnd();
@@ -56,7 +106,6 @@ class Engine {
   struct Segment {
     size_t size;
     c10::DeviceIndex device;
-    Placement placement;
   };
 
   struct DeviceState {
@@ -66,15 +115,16 @@ class Engine {
     uint64_t total_bytes = 0;
     uint64_t managed_segments = 0;
     uint64_t managed_bytes = 0;
-    uint64_t placed_bytes[3] = {0, 0, 0}; // indexed by Placement
-    uint64_t prefetches = 0;
-    uint64_t prefetch_bytes = 0;
     uint64_t prefetches_skipped_capture = 0;
   };
 
   // Requires mu_; a message for the user lands in `warning`.
   DeviceState& probe(c10::DeviceIndex device, std::string& warning);
   Ledger ledger(c10::DeviceIndex device) const; // requires mu_
+  // What the residency ledger may do on `device` now; requires mu_.
+  DeviceLimits limits(int device, bool capturing) const;
+  const Segment* segmentOf(const void* ptr) const; // requires mu_
+  void notePressure(); // requires mu_
 
   mutable std::mutex mu_;
   Config cfg_;
@@ -85,11 +135,15 @@ class Engine {
   uint64_t peak_managed_bytes_ = 0;
   uint64_t cap_refusals_ = 0;
   uint64_t headroom_refusals_ = 0;
+  uint64_t block_events_ = 0;
   std::atomic<int> captures_{0};
+  std::atomic<bool> events_attached_{false};
+  std::atomic<bool> pressure_{false};
 
   ManagedCap cap_;
   HostHeadroom headroom_;
-  BudgetPlacement placement_;
+  Residency residency_; // guarded by mu_
+  Executor executor_; // thread-safe; used outside mu_
 };
 
 } // namespace c10::cuda::um

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace c10::cuda::um {
@@ -36,6 +37,28 @@ cudaError_t freeSegment(void* ptr);
 // process: no prefetch or advice is issued while any is under way.
 void captureBegin();
 void captureEnd();
+
+// The caching allocator's block events the engine acts on (its trace
+// tracker's ALLOC and FREE_COMPLETED).
+enum class BlockEvent : uint8_t { Alloc, FreeCompleted };
+
+// A block was handed out or taken back. Called with the allocator's lock
+// held (lock order: allocator, then engine). With policy lru an Alloc over
+// pages that are not on the device places them there before the caller's
+// kernels run (discard-and-prefetch: a new block's old content is dead).
+void onBlockEvent(
+    BlockEvent event,
+    uintptr_t addr,
+    size_t size,
+    cudaStream_t stream);
+
+// Block events reach the engine from now on: segments allocated after this
+// know which of their bytes are dead.
+void setEventsAttached();
+
+// Attaches onBlockEvent to the process's caching allocator (its trace
+// tracker). Throws c10::Error if the allocator is not the native one.
+void attachBlockEvents();
 
 // Expandable segments (cuMemMap) cannot be managed memory: in UM mode the
 // request is dropped with one warning. Returns the value to use.

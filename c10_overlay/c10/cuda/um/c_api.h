@@ -39,6 +39,25 @@ typedef struct TorchUmStats {
   uint64_t peak_managed_bytes;
   uint64_t cap_refusals;
   uint64_t headroom_refusals;
+  /* Residency (appended in the residency engine; older callers pass a
+   * smaller struct_size and never see these). "placed" above means where
+   * pages are now. The counters below are process-wide. */
+  uint64_t policy_lru;         /* 1: policy lru, 0: static */
+  uint64_t dead_device_bytes;  /* this device: on the device, no live block */
+  uint64_t events_attached;    /* 1 once the allocator's block events arrive */
+  uint64_t block_events;       /* ALLOC and FREE_COMPLETED events received */
+  uint64_t touches;            /* ranges about to be used that were not all on the device */
+  uint64_t touch_prefetch_bytes; /* live bytes migrated to a device */
+  uint64_t reuse_bytes;        /* dead bytes placed by discard-and-prefetch */
+  uint64_t place_bytes;        /* new segments placed on a device */
+  uint64_t map_host_bytes;     /* bytes placed in host RAM, mapped in place */
+  uint64_t evictions;          /* live chunks moved to host RAM */
+  uint64_t evict_bytes;
+  uint64_t discards;           /* dead chunks dropped without a copy */
+  uint64_t discard_bytes;
+  uint64_t executor_calls;     /* CUDA calls the executor issued */
+  uint64_t executor_failures;  /* of which failed (hints lost, data intact) */
+  uint64_t executor_ns;        /* host time spent issuing them */
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
@@ -78,7 +97,10 @@ TORCH_UM_API int torch_um_get_stats(int device, TorchUmStats* out);
 TORCH_UM_API void torch_um_reset_peak(void);
 
 /* Prefetch [ptr, ptr+size) of managed memory to device (or TORCH_UM_HOST),
- * ordered on stream (a cudaStream_t; NULL = legacy default stream). */
+ * ordered on stream (a cudaStream_t; NULL = legacy default stream). Goes
+ * through the engine: with policy lru a prefetch to the device keeps the
+ * device budget (the least recently used ranges leave first) and the
+ * engine's ledger follows every move. */
 TORCH_UM_API int torch_um_prefetch(
     const void* ptr,
     size_t size,
@@ -95,6 +117,27 @@ TORCH_UM_API int torch_um_advise(
     int location,
     char* err,
     size_t errlen);
+
+/* Live [ptr, ptr+size) is about to be used on device (the use signal of
+ * torch.cuda.um's module hooks): with policy lru it is brought to the device
+ * under the budget, least recently used ranges leaving first. Memory that
+ * is not an engine segment is ignored. Returns the bytes asked to move, or
+ * -1 for a bad argument. */
+TORCH_UM_API long long torch_um_touch(
+    const void* ptr,
+    size_t size,
+    int device,
+    void* stream);
+
+/* 1 once a device's budget was exceeded (data evicted or placed in host
+ * RAM), else 0. */
+TORCH_UM_API int torch_um_under_pressure(void);
+
+/* Source path: attach the engine to the caching allocator's block events
+ * (its trace tracker). Call once CUDA is initialised; the injection path
+ * attaches through torch_um_inject_attach instead. Returns 0, or -1 with a
+ * message in err. */
+TORCH_UM_API int torch_um_attach_events(char* err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,60 @@
+// The event inlet: the caching allocator's trace tracker, turned into the
+// engine's block events. The same tracker API exists on every supported
+// torch (2.6's TraceEntry lives in c10::cuda::CUDACachingAllocator, later
+// versions' in c10::CachingDeviceAllocator with a using-declaration there),
+// so both integration paths use this one translation.
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/um/UnifiedMemory.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
+namespace c10::cuda::um {
+
+namespace {
+
+using TraceEntry = c10::cuda::CUDACachingAllocator::TraceEntry;
+
+void onTrace(const TraceEntry& e) {
+  // Under the allocator's device lock: the engine acts at once, so that a
+  // placement is queued on the stream before the block's first kernel.
+  switch (e.action_) {
+    case TraceEntry::ALLOC:
+      onBlockEvent(
+          BlockEvent::Alloc,
+          static_cast<uintptr_t>(e.addr_),
+          e.size_,
+          reinterpret_cast<cudaStream_t>(e.stream_));
+      break;
+    case TraceEntry::FREE_COMPLETED:
+      onBlockEvent(
+          BlockEvent::FreeCompleted,
+          static_cast<uintptr_t>(e.addr_),
+          e.size_,
+          reinterpret_cast<cudaStream_t>(e.stream_));
+      break;
+    default:
+      break;
+  }
+}
+
+} // namespace
+
+void attachBlockEvents() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto* alloc = c10::cuda::CUDACachingAllocator::get();
+    TORCH_CHECK(alloc != nullptr, "the CUDA caching allocator is not set up");
+    std::string name = alloc->name();
+    TORCH_CHECK(
+        name == "native",
+        "the CUDA allocator backend is '",
+        name,
+        "', not the native caching allocator: unified memory does not "
+        "apply to it");
+    alloc->attachAllocatorTraceTracker(onTrace);
+    setEventsAttached();
+  });
+}
+
+} // namespace c10::cuda::um

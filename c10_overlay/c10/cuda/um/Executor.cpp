@@ -1,0 +1,225 @@
+#include <c10/cuda/um/Executor.h>
+
+#include <c10/cuda/um/CudaCompat.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+
+namespace c10::cuda::um {
+
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+
+bool isBringIn(Action::Kind k) {
+  return k == Action::PlaceOnDevice || k == Action::AdviseHost || k == Action::PrefetchToDevice ||
+      k == Action::DiscardAndPrefetch || k == Action::PlaceOnHost;
+}
+
+// Restores the calling thread's current device.
+struct DeviceGuard {
+  int saved = -1;
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&saved) != cudaSuccess) {
+      (void)cudaGetLastError();
+      saved = -1;
+    }
+    if (saved != device) {
+      (void)cudaSetDevice(device);
+    }
+  }
+  ~DeviceGuard() {
+    if (saved >= 0) {
+      (void)cudaSetDevice(saved);
+    }
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+};
+
+} // namespace
+
+Executor::Side& Executor::side(int device) {
+  std::lock_guard<std::mutex> lock(sides_mu_);
+  if (sides_.size() <= static_cast<size_t>(device)) {
+    sides_.resize(static_cast<size_t>(device) + 1, nullptr);
+  }
+  if (sides_[device] == nullptr) {
+    sides_[device] = new Side();
+  }
+  return *sides_[device];
+}
+
+bool Executor::ensureSide(Side& s, int device) {
+  if (s.stream != nullptr) {
+    return true;
+  }
+  DeviceGuard guard(device);
+  cudaError_t e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) {
+    e = cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming);
+  }
+  if (e == cudaSuccess) {
+    e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    s.stream = nullptr;
+    return false;
+  }
+  return true;
+}
+
+void Executor::fail(cudaError_t err, const Action& a) {
+  (void)cudaGetLastError();
+  failures_.fetch_add(1, kRelaxed);
+  TORCH_WARN_ONCE(
+      "unified memory: ",
+      actionName(a.kind),
+      " of ",
+      a.size,
+      " bytes failed (",
+      cudaGetErrorString(err),
+      "); the data stays correct, only its placement is not what the engine "
+      "asked for. Further failures are counted in torch.cuda.um.stats().");
+}
+
+void Executor::group(
+    const std::vector<Action>& actions,
+    size_t& i,
+    std::vector<void*>& ptrs,
+    std::vector<size_t>& sizes) {
+  // Consecutive actions of one kind, device and stream form one batch.
+  ptrs.clear();
+  sizes.clear();
+  const Action& a = actions[i];
+  while (i < actions.size() && actions[i].kind == a.kind &&
+         actions[i].device == a.device && actions[i].stream == a.stream) {
+    ptrs.push_back(reinterpret_cast<void*>(actions[i].addr));
+    sizes.push_back(actions[i].size);
+    ++i;
+  }
+}
+
+void Executor::run(const std::vector<Action>& actions, bool prefetch) {
+  if (actions.empty()) {
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<void*> ptrs;
+  std::vector<size_t> sizes;
+  uint64_t calls = 0;
+  // Evictions and discards first (they make the room), then bring-ins.
+  for (int pass = 0; pass < 2; ++pass) {
+    size_t i = 0;
+    while (i < actions.size()) {
+      const Action a = actions[i];
+      if (isBringIn(a.kind) != (pass == 1)) {
+        ++i;
+        continue;
+      }
+      group(actions, i, ptrs, sizes);
+      auto stream = static_cast<cudaStream_t>(a.stream);
+      cudaError_t e = cudaSuccess;
+      switch (a.kind) {
+        case Action::PlaceOnDevice:
+          if (prefetch) {
+            e = compat::prefetchBatch(
+                ptrs.data(), sizes.data(), ptrs.size(), a.device, stream);
+            ++calls;
+          }
+          break;
+        case Action::PrefetchToDevice:
+          e = compat::prefetchBatch(
+              ptrs.data(), sizes.data(), ptrs.size(), a.device, stream);
+          ++calls;
+          break;
+        case Action::DiscardAndPrefetch:
+        case Action::PlaceOnHost:
+        case Action::Discard: {
+          // A discard must not race the side stream's prefetch of the same
+          // pages (undefined behaviour): wait for what it has queued.
+          Side& s = side(a.device);
+          {
+            std::lock_guard<std::mutex> lock(s.mu);
+            if (s.used) {
+              e = cudaStreamWaitEvent(stream, s.done, 0);
+              ++calls;
+            }
+          }
+          if (e == cudaSuccess) {
+            if (a.kind == Action::Discard) {
+              e = compat::discardBatch(
+                  ptrs.data(), sizes.data(), ptrs.size(), stream);
+            } else {
+              int to = a.kind == Action::PlaceOnHost ? compat::kHost : a.device;
+              e = compat::discardAndPrefetchBatch(
+                  ptrs.data(), sizes.data(), ptrs.size(), to, stream);
+            }
+            ++calls;
+          }
+          break;
+        }
+        case Action::AdviseHost:
+        case Action::MapHost:
+          for (size_t k = 0; k < ptrs.size() && e == cudaSuccess; ++k) {
+            e = compat::advise(
+                ptrs[k], sizes[k], cudaMemAdviseSetPreferredLocation,
+                compat::kHost);
+            if (e == cudaSuccess) {
+              e = compat::advise(
+                  ptrs[k], sizes[k], cudaMemAdviseSetAccessedBy, a.device);
+            }
+            calls += 2;
+          }
+          if (e == cudaSuccess && prefetch && a.kind == Action::MapHost) {
+            // Populate host pages now: first GPU touches then map instead
+            // of faulting pages into existence one by one.
+            e = compat::prefetchBatch(
+                ptrs.data(), sizes.data(), ptrs.size(), compat::kHost, stream);
+            ++calls;
+          }
+          break;
+        case Action::EvictToHost: {
+          Side& s = side(a.device);
+          std::lock_guard<std::mutex> lock(s.mu);
+          if (e == cudaSuccess && !ensureSide(s, a.device)) {
+            e = cudaErrorUnknown;
+          }
+          if (e == cudaSuccess) {
+            e = cudaEventRecord(s.ready, stream);
+          }
+          if (e == cudaSuccess) {
+            e = cudaStreamWaitEvent(s.stream, s.ready, 0);
+          }
+          if (e == cudaSuccess) {
+            e = compat::prefetchBatch(
+                ptrs.data(), sizes.data(), ptrs.size(), compat::kHost,
+                s.stream);
+          }
+          if (e == cudaSuccess) {
+            e = cudaEventRecord(s.done, s.stream);
+            s.used = true;
+          }
+          calls += 4;
+          break;
+        }
+      }
+      if (e != cudaSuccess) {
+        fail(e, a);
+      }
+    }
+  }
+  calls_.fetch_add(calls, kRelaxed);
+  ns_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now() - t0)
+          .count(),
+      kRelaxed);
+}
+
+ExecutorCounters Executor::counters() const {
+  return ExecutorCounters{calls_.load(), failures_.load(), ns_.load()};
+}
+
+} // namespace c10::cuda::um

@@ -1,0 +1,76 @@
+// Runs the Residency's actions with CUDA calls.
+//
+// Note [Executor: ordering]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every action is stream-ordered, so no kernel sees a range half-moved:
+//   - bring-ins (PlaceOnDevice, PrefetchToDevice, DiscardAndPrefetch,
+//     PlaceOnHost) run on the stream of the work that is about to use the
+//     range, so that work waits for them;
+//   - evictions (EvictToHost) run on one side stream per device, after an
+//     event recorded on the toucher's stream: they overlap the compute that
+//     follows instead of delaying it;
+//   - discards run on the stream of the dead blocks (the segment's stream),
+//     after the last kernel that used them; before any discard, that stream
+//     waits for the side stream, since a discard racing a prefetch of the
+//     same pages is undefined behaviour.
+// Batches use cudaMemPrefetchBatchAsync / cudaMemDiscardBatchAsync /
+// cudaMemDiscardAndPrefetchBatchAsync where the CUDA headers have them
+// (CUDA >= 13); before CUDA 13 there is no discard: a dead range is evicted
+// by prefetch (its bytes are copied for nothing), and DiscardAndPrefetch is a
+// plain prefetch.
+//
+// Failures are hints lost, not errors: the data stays correct wherever its
+// pages are. They are counted, and the first is reported once.
+//
+// Thread safety: run() may be called from any thread; it takes a per-device
+// mutex for the side stream and event, never the engine's lock.
+#pragma once
+
+#include <c10/cuda/um/Residency.h>
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace c10::cuda::um {
+
+struct ExecutorCounters {
+  uint64_t calls = 0; // CUDA calls issued
+  uint64_t failures = 0;
+  uint64_t nanoseconds = 0; // host time spent issuing
+};
+
+class Executor {
+ public:
+  // `prefetch`: the prefetch setting (placement of fresh segments).
+  void run(const std::vector<Action>& actions, bool prefetch);
+  ExecutorCounters counters() const;
+
+ private:
+  struct Side {
+    std::mutex mu;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t ready = nullptr; // recorded on the toucher's stream
+    cudaEvent_t done = nullptr; // recorded on the side stream
+    bool used = false;
+  };
+  Side& side(int device);
+  bool ensureSide(Side& s, int device);
+  void fail(cudaError_t err, const Action& a);
+  void group(
+      const std::vector<Action>& actions,
+      size_t& i,
+      std::vector<void*>& ptrs,
+      std::vector<size_t>& sizes);
+
+  std::mutex sides_mu_;
+  std::vector<Side*> sides_; // leaked on purpose, like the engine
+  std::atomic<uint64_t> calls_{0};
+  std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> ns_{0};
+};
+
+} // namespace c10::cuda::um

@@ -1,0 +1,515 @@
+#include <c10/cuda/um/Residency.h>
+
+#include <algorithm>
+
+namespace c10::cuda::um {
+
+const char* actionName(Action::Kind k) {
+  switch (k) {
+    case Action::PrefetchToDevice:
+      return "prefetch-to-device";
+    case Action::DiscardAndPrefetch:
+      return "discard-and-prefetch";
+    case Action::EvictToHost:
+      return "evict-to-host";
+    case Action::Discard:
+      return "discard";
+    case Action::MapHost:
+      return "map-host";
+    case Action::PlaceOnDevice:
+      return "place-on-device";
+    case Action::AdviseHost:
+      return "advise-host";
+    case Action::PlaceOnHost:
+      return "place-on-host";
+  }
+  return "?";
+}
+
+namespace {
+
+// Bytes of [lo, hi) that fall into [clo, chi).
+uint64_t overlap(uintptr_t lo, uintptr_t hi, uintptr_t clo, uintptr_t chi) {
+  uintptr_t a = std::max(lo, clo);
+  uintptr_t b = std::min(hi, chi);
+  return b > a ? b - a : 0;
+}
+
+} // namespace
+
+Residency::Segment* Residency::find(uintptr_t addr) {
+  auto it = segments_.upper_bound(addr);
+  if (it == segments_.begin()) {
+    return nullptr;
+  }
+  --it;
+  return addr < it->second.base + it->second.size ? &it->second : nullptr;
+}
+
+const Residency::Segment* Residency::find(uintptr_t addr) const {
+  return const_cast<Residency*>(this)->find(addr);
+}
+
+Residency::DeviceLru& Residency::lru(int device) {
+  if (devices_.size() <= static_cast<size_t>(device)) {
+    devices_.resize(static_cast<size_t>(device) + 1);
+  }
+  return devices_[device];
+}
+
+void Residency::unlink(Segment& seg, size_t i) {
+  Chunk& c = seg.chunks[i];
+  DeviceLru& d = lru(seg.device);
+  d.bytes[static_cast<int>(c.where)] -= seg.chunkSize(i);
+  if (c.where != Where::Host) {
+    Key k{c.tick, seg.chunkAddr(i)};
+    (seg.dead(i) ? d.dead : d.live).erase(k);
+  }
+}
+
+void Residency::link(Segment& seg, size_t i) {
+  Chunk& c = seg.chunks[i];
+  DeviceLru& d = lru(seg.device);
+  d.bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
+  if (c.where != Where::Host) {
+    Key k{c.tick, seg.chunkAddr(i)};
+    (seg.dead(i) ? d.dead : d.live).insert(k);
+  }
+}
+
+void Residency::setWhere(Segment& seg, size_t i, Where to) {
+  unlink(seg, i);
+  seg.chunks[i].where = to;
+  link(seg, i);
+}
+
+void Residency::retouch(Segment& seg, size_t i) {
+  unlink(seg, i);
+  seg.chunks[i].tick = tick_;
+  link(seg, i);
+}
+
+void Residency::emit(
+    std::vector<Action>& out,
+    Action::Kind kind,
+    uintptr_t addr,
+    uint64_t size,
+    int device,
+    void* stream) {
+  if (!out.empty()) {
+    Action& last = out.back();
+    if (last.kind == kind && last.device == device && last.stream == stream &&
+        last.addr + last.size == addr) {
+      last.size += size;
+      return;
+    }
+  }
+  out.push_back(Action{kind, addr, size, device, stream});
+}
+
+void Residency::addSegment(
+    uintptr_t base,
+    uint64_t size,
+    int device,
+    void* stream,
+    bool tracked,
+    Policy policy,
+    const DeviceLimits& limits,
+    std::vector<Action>& out) {
+  // A base can only come back after its segment was released; never let a
+  // stale ledger entry survive it.
+  removeSegment(base);
+  Segment& seg = segments_[base];
+  seg.base = base;
+  seg.size = size;
+  seg.device = device;
+  seg.stream = stream;
+  seg.tracked = tracked;
+  seg.chunks.assign((size + kChunkBytes - 1) / kChunkBytes, Chunk{});
+  ++tick_;
+  for (Chunk& c : seg.chunks) {
+    c.tick = tick_;
+  }
+  DeviceLru& d = lru(device);
+  const uint64_t on_device =
+      d.bytes[static_cast<int>(Where::Device)] +
+      d.bytes[static_cast<int>(Where::Unplaced)];
+  // Chunks [0, on_dev) go to the device, the rest to host RAM.
+  size_t on_dev = seg.chunks.size();
+  if (!limits.can_act) {
+    // Unplaced: no advice is possible now.
+  } else if (policy == Policy::Static) {
+    if (on_device + size > limits.budget) {
+      on_dev = 0;
+    }
+  } else {
+    if (on_device + size > limits.budget) {
+      makeRoom(
+          device, on_device + size - limits.budget, limits, tick_, stream, out);
+    }
+    const uint64_t now = d.bytes[static_cast<int>(Where::Device)] +
+        d.bytes[static_cast<int>(Where::Unplaced)];
+    const uint64_t room = limits.budget > now ? limits.budget - now : 0;
+    on_dev = std::min<uint64_t>(seg.chunks.size(), room / kChunkBytes);
+    if (on_dev == seg.chunks.size() - 1 &&
+        seg.chunkSize(on_dev) <= room - on_dev * kChunkBytes) {
+      on_dev = seg.chunks.size(); // a short last chunk that still fits
+    }
+  }
+  if (limits.can_act && policy == Policy::Lru) {
+    emit(out, Action::AdviseHost, base, size, device, stream);
+  }
+  for (size_t i = 0; i < seg.chunks.size(); ++i) {
+    Chunk& c = seg.chunks[i];
+    if (!limits.can_act) {
+      c.where = Where::Unplaced;
+    } else if (i < on_dev) {
+      c.where = Where::Device;
+      emit(out, Action::PlaceOnDevice, seg.chunkAddr(i), seg.chunkSize(i),
+           device, stream);
+      counters_.place_bytes += seg.chunkSize(i);
+    } else {
+      c.where = Where::Host;
+        emit(out, Action::MapHost, seg.chunkAddr(i), seg.chunkSize(i), device,
+           stream);
+      counters_.map_host_bytes += seg.chunkSize(i);
+    }
+    link(seg, i);
+  }
+}
+
+bool Residency::removeSegment(uintptr_t base) {
+  auto it = segments_.find(base);
+  if (it == segments_.end()) {
+    return false;
+  }
+  Segment& seg = it->second;
+  for (size_t i = 0; i < seg.chunks.size(); ++i) {
+    unlink(seg, i);
+  }
+  segments_.erase(it);
+  return true;
+}
+
+uint64_t Residency::makeRoom(
+    int device,
+    uint64_t need,
+    const DeviceLimits& limits,
+    uint64_t protect_tick,
+    void* stream,
+    std::vector<Action>& out) {
+  DeviceLru& d = lru(device);
+  uint64_t freed = 0;
+  while (freed < need) {
+    // Dead chunks first: they leave without a copy. Then the least recently
+    // touched live ones, never those of the range being brought in.
+    bool dead = !d.dead.empty();
+    std::set<Key>& from = dead ? d.dead : d.live;
+    if (from.empty() || from.begin()->first >= protect_tick) {
+      break;
+    }
+    const uintptr_t addr = from.begin()->second;
+    Segment* seg = find(addr);
+    const size_t i = (addr - seg->base) / kChunkBytes;
+    const uint64_t sz = seg->chunkSize(i);
+    Chunk& c = seg->chunks[i];
+    if (dead && limits.discard) {
+      // In the stream order of the segment's blocks: after their last use.
+      emit(out, Action::Discard, addr, sz, device, seg->stream);
+      counters_.discards += 1;
+      counters_.discard_bytes += sz;
+      c.discarded = true;
+    } else {
+      emit(out, Action::EvictToHost, addr, sz, device, stream);
+      counters_.evictions += 1;
+      counters_.evict_bytes += sz;
+    }
+    setWhere(*seg, i, Where::Host);
+    freed += sz;
+  }
+  return freed;
+}
+
+uint64_t Residency::bringIn(
+    Segment& seg,
+    size_t first,
+    size_t last,
+    void* stream,
+    bool dead_content,
+    uintptr_t lo,
+    uintptr_t hi,
+    const DeviceLimits& limits,
+    std::vector<Action>& out) {
+  DeviceLru& d = lru(seg.device);
+  uint64_t on_device = d.bytes[static_cast<int>(Where::Device)] +
+      d.bytes[static_cast<int>(Where::Unplaced)];
+  uint64_t moved = 0;
+  for (size_t i = first; i < last; ++i) {
+    Chunk& c = seg.chunks[i];
+    if (c.where != Where::Host) {
+      continue;
+    }
+    const uint64_t sz = seg.chunkSize(i);
+    if (on_device + sz > limits.budget) {
+      // No room: the chunk stays in host RAM, mapped in place. A discarded
+      // one gets its pages there first (a GPU write into discarded pages
+      // by faults costs seconds per GiB).
+      if (c.discarded) {
+        emit(out, Action::PlaceOnHost, seg.chunkAddr(i), sz, seg.device,
+             stream);
+        c.discarded = false;
+      }
+      continue;
+    }
+    c.discarded = false;
+    // Discarding is safe when no live byte of the chunk survives the
+    // toucher's write: the chunk is dead, or only the touched block lives
+    // there and the toucher overwrites all of it.
+    const uintptr_t clo = seg.chunkAddr(i);
+    const uint64_t mine = overlap(lo, hi, clo, clo + sz);
+    const bool discardable = seg.tracked && limits.discard &&
+        (c.live == 0 || (dead_content && c.live == mine));
+    if (discardable) {
+      emit(out, Action::DiscardAndPrefetch, clo, sz, seg.device, stream);
+      counters_.reuse_bytes += sz;
+    } else {
+      emit(out, Action::PrefetchToDevice, clo, sz, seg.device, stream);
+      counters_.prefetch_bytes += sz;
+    }
+    setWhere(seg, i, Where::Device);
+    on_device += sz;
+    moved += sz;
+  }
+  return moved;
+}
+
+void Residency::onAlloc(
+    uintptr_t addr,
+    uint64_t size,
+    void* stream,
+    Policy policy,
+    const DeviceLimits& limits,
+    std::vector<Action>& out) {
+  Segment* seg = find(addr);
+  if (seg == nullptr || size == 0) {
+    return;
+  }
+  const uintptr_t hi = std::min<uintptr_t>(addr + size, seg->base + seg->size);
+  const size_t first = (addr - seg->base) / kChunkBytes;
+  const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
+  ++tick_;
+  uint64_t need = 0;
+  for (size_t i = first; i < last; ++i) {
+    Chunk& c = seg->chunks[i];
+    unlink(*seg, i);
+    const uintptr_t clo = seg->chunkAddr(i);
+    c.live = static_cast<uint32_t>(std::min<uint64_t>(
+        seg->chunkSize(i), c.live + overlap(addr, hi, clo, clo + seg->chunkSize(i))));
+    if (policy == Policy::Lru) {
+      c.tick = tick_;
+    }
+    link(*seg, i);
+    if (c.where == Where::Host) {
+      need += seg->chunkSize(i);
+    }
+  }
+  if (policy != Policy::Lru || !limits.can_act || need == 0) {
+    return;
+  }
+  counters_.touches += 1;
+  DeviceLru& d = lru(seg->device);
+  const uint64_t on_device = d.bytes[static_cast<int>(Where::Device)] +
+      d.bytes[static_cast<int>(Where::Unplaced)];
+  if (on_device + need > limits.budget) {
+    makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
+             stream, out);
+  }
+  bringIn(*seg, first, last, stream, /*dead_content=*/true, addr, hi, limits,
+          out);
+}
+
+void Residency::onFree(uintptr_t addr, uint64_t size) {
+  Segment* seg = find(addr);
+  if (seg == nullptr || size == 0) {
+    return;
+  }
+  const uintptr_t hi = std::min<uintptr_t>(addr + size, seg->base + seg->size);
+  const size_t first = (addr - seg->base) / kChunkBytes;
+  const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
+  for (size_t i = first; i < last; ++i) {
+    Chunk& c = seg->chunks[i];
+    unlink(*seg, i);
+    const uintptr_t clo = seg->chunkAddr(i);
+    const uint64_t gone = overlap(addr, hi, clo, clo + seg->chunkSize(i));
+    c.live = static_cast<uint32_t>(c.live > gone ? c.live - gone : 0);
+    link(*seg, i);
+  }
+}
+
+uint64_t Residency::touch(
+    uintptr_t addr,
+    uint64_t size,
+    int device,
+    void* stream,
+    Policy policy,
+    const DeviceLimits& limits,
+    std::vector<Action>& out) {
+  Segment* seg = find(addr);
+  if (seg == nullptr || size == 0 || !limits.can_act) {
+    return 0;
+  }
+  const uintptr_t hi = std::min<uintptr_t>(addr + size, seg->base + seg->size);
+  const size_t first = (addr - seg->base) / kChunkBytes;
+  const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
+  counters_.touches += 1;
+  if (device != seg->device) {
+    // The ledger follows each segment on its own device only: a move to
+    // another GPU is made as asked, and counted as having left this one.
+    for (size_t i = first; i < last; ++i) {
+      setWhere(*seg, i, Where::Host);
+    }
+    emit(out, Action::PrefetchToDevice, addr, hi - addr, device, stream);
+    counters_.prefetch_bytes += hi - addr;
+    return hi - addr;
+  }
+  ++tick_;
+  uint64_t need = 0;
+  for (size_t i = first; i < last; ++i) {
+    retouch(*seg, i);
+    if (seg->chunks[i].where == Where::Host) {
+      need += seg->chunkSize(i);
+    }
+  }
+  if (need == 0) {
+    return 0;
+  }
+  DeviceLimits lim = limits;
+  if (policy == Policy::Static) {
+    // An explicit prefetch under static placement is honoured as asked.
+    lim.budget = UINT64_MAX;
+  } else {
+    DeviceLru& d = lru(seg->device);
+    const uint64_t on_device = d.bytes[static_cast<int>(Where::Device)] +
+        d.bytes[static_cast<int>(Where::Unplaced)];
+    if (on_device + need > limits.budget) {
+      makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
+               stream, out);
+    }
+  }
+  return bringIn(*seg, first, last, stream, /*dead_content=*/false, addr, hi,
+                 lim, out);
+}
+
+uint64_t Residency::evict(
+    uintptr_t addr,
+    uint64_t size,
+    void* stream,
+    const DeviceLimits& limits,
+    std::vector<Action>& out) {
+  Segment* seg = find(addr);
+  if (seg == nullptr || size == 0 || !limits.can_act) {
+    return 0;
+  }
+  const uintptr_t hi = std::min<uintptr_t>(addr + size, seg->base + seg->size);
+  const size_t first = (addr - seg->base) / kChunkBytes;
+  const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
+  uint64_t moved = 0;
+  for (size_t i = first; i < last; ++i) {
+    Chunk& c = seg->chunks[i];
+    if (c.where == Where::Host) {
+      continue;
+    }
+    const uint64_t sz = seg->chunkSize(i);
+    if (seg->dead(i) && limits.discard) {
+      emit(out, Action::Discard, seg->chunkAddr(i), sz, seg->device,
+           seg->stream);
+      counters_.discards += 1;
+      counters_.discard_bytes += sz;
+      c.discarded = true;
+    } else {
+      emit(out, Action::EvictToHost, seg->chunkAddr(i), sz, seg->device,
+           stream);
+      counters_.evictions += 1;
+      counters_.evict_bytes += sz;
+    }
+    setWhere(*seg, i, Where::Host);
+    moved += sz;
+  }
+  return moved;
+}
+
+int Residency::deviceOf(uintptr_t addr) const {
+  const Segment* seg = find(addr);
+  return seg ? seg->device : -1;
+}
+
+bool Residency::contains(uintptr_t addr) const {
+  return find(addr) != nullptr;
+}
+
+uint64_t Residency::bytesOn(int device, Where where) const {
+  if (device < 0 || static_cast<size_t>(device) >= devices_.size()) {
+    return 0;
+  }
+  return devices_[device].bytes[static_cast<int>(where)];
+}
+
+uint64_t Residency::deadOnDevice(int device) const {
+  if (device < 0 || static_cast<size_t>(device) >= devices_.size()) {
+    return 0;
+  }
+  uint64_t n = 0;
+  for (const Key& k : devices_[device].dead) {
+    const Segment* seg = find(k.second);
+    n += seg->chunkSize((k.second - seg->base) / kChunkBytes);
+  }
+  return n;
+}
+
+Where Residency::whereIs(uintptr_t addr) const {
+  const Segment* seg = find(addr);
+  return seg ? seg->chunks[(addr - seg->base) / kChunkBytes].where
+             : Where::Host;
+}
+
+uint32_t Residency::liveBytesAt(uintptr_t addr) const {
+  const Segment* seg = find(addr);
+  return seg ? seg->chunks[(addr - seg->base) / kChunkBytes].live : 0;
+}
+
+std::string Residency::checkInvariants() const {
+  std::vector<DeviceLru> expect(devices_.size());
+  for (const auto& [base, seg] : segments_) {
+    if (static_cast<size_t>(seg.device) >= expect.size()) {
+      return "segment on an unknown device";
+    }
+    DeviceLru& e = expect[seg.device];
+    for (size_t i = 0; i < seg.chunks.size(); ++i) {
+      const Chunk& c = seg.chunks[i];
+      if (c.live > seg.chunkSize(i)) {
+        return "chunk with more live bytes than its size";
+      }
+      e.bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
+      if (c.where != Where::Host) {
+        (seg.dead(i) ? e.dead : e.live).insert(Key{c.tick, seg.chunkAddr(i)});
+      }
+    }
+  }
+  for (size_t dev = 0; dev < devices_.size(); ++dev) {
+    const DeviceLru& a = devices_[dev];
+    const DeviceLru& e = expect[dev];
+    for (int w = 0; w < 3; ++w) {
+      if (a.bytes[w] != e.bytes[w]) {
+        return "device " + std::to_string(dev) + ": byte count of state " +
+            std::to_string(w) + " is " + std::to_string(a.bytes[w]) +
+            ", chunks say " + std::to_string(e.bytes[w]);
+      }
+    }
+    if (a.live != e.live || a.dead != e.dead) {
+      return "device " + std::to_string(dev) + ": eviction order out of date";
+    }
+  }
+  return "";
+}
+
+} // namespace c10::cuda::um

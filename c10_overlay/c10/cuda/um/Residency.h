@@ -1,0 +1,258 @@
+// The residency ledger of managed memory and the policies that move it.
+//
+// Pure C++: no CUDA and no c10 here, so that the whole decision logic builds
+// and runs on a machine without a GPU (tests/engine/ drives it with event
+// traces). Engine.cpp owns one Residency, calls it under the engine's lock,
+// and hands the Actions it returns to the Executor, which runs them after the
+// lock is dropped.
+//
+// Note [Residency ledger]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Managed segments are cut into chunks of kChunkBytes (2 MiB, the caching
+// allocator's segment granularity and the driver's large-page size). Each
+// chunk records where its pages are (device, host, or unplaced: never
+// advised, so they migrate on touch), how many of its bytes belong to blocks
+// the allocator has handed out (live bytes, from ALLOC and FREE_COMPLETED
+// events), and when it was last touched. Per device, the bytes of chunks on
+// the device stay at or under the device budget: when a range is about to be
+// used on the device and does not fit, other chunks leave first.
+//
+// Note [Which bytes move, and how]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Measured on an H200 (docs/design-notes.md, section 9): a GPU prefetch of
+// managed memory runs at about 50 GB/s, eviction by prefetch to the CPU at
+// only 3-16 GB/s, a discard costs no transfer at all, and a discarded range
+// that is then faulted in instead of prefetched costs seconds per GiB. Hence:
+//   - a chunk with no live bytes is dead: it leaves the device by Discard,
+//     never by a copy, and it is the first victim when room is needed;
+//   - a block handed out again over chunks that are not on the device is
+//     placed by DiscardAndPrefetch (its old content is dead), never faulted;
+//   - live chunks leave least recently touched first, by EvictToHost
+//     (prefetch to the CPU on a side stream; every segment is advised
+//     PreferredLocation=host, AccessedBy=device when it is made, which moves
+//     nothing but makes GPU touches of evicted pages read them in place
+//     until the engine brings them back);
+//   - a range larger than what the budget can hold is mapped in place for
+//     its remainder (MapHost): data touched once streams at link speed.
+//
+// Thread safety: none. The caller (Engine) serialises every call.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace c10::cuda::um {
+
+constexpr uint64_t kChunkBytes = 2ull << 20;
+
+// Where a chunk's pages are.
+enum class Where : uint8_t {
+  Device, // on its device (counted against the budget)
+  Host, // in host RAM, mapped for the device (PreferredLocation=host)
+  Unplaced, // no advice (capture under way, no concurrent managed access):
+            // migrates on first touch, so counted as device
+};
+
+// One thing for the Executor to do. Ranges are chunk-aligned except at the
+// segment's end; adjacent chunks with the same action are merged.
+struct Action {
+  enum Kind : uint8_t {
+    PrefetchToDevice, // live data: migrate to `device`, ordered on `stream`
+    DiscardAndPrefetch, // dead data: drop the pages, populate on `device`
+    EvictToHost, // live data: advise host, prefetch to the CPU on the
+                 // device's side stream once `stream`'s work so far is done
+    Discard, // dead data leaves without a copy, ordered on `stream`
+    MapHost, // advise PreferredLocation=host + AccessedBy=device, no move
+    PlaceOnDevice, // fresh segment: prefetch to `device` on `stream`
+    AdviseHost, // PreferredLocation=host + AccessedBy=device on a whole new
+                // segment (lru): pages the engine moved off the device are
+                // then read in place, never migrated back behind its back;
+                // pages on the device stay there
+    PlaceOnHost, // discarded chunk that must be written where the budget
+                 // has no room: populate host pages (never GPU faults)
+  };
+  Kind kind;
+  uintptr_t addr;
+  uint64_t size;
+  int device;
+  void* stream; // cudaStream_t, opaque here
+};
+
+const char* actionName(Action::Kind k);
+
+// The residency policy: `static` keeps the first version's decision (a whole
+// segment on the device if it fits under the budget when allocated, else in
+// host RAM for good); `lru` manages residency over time as described above.
+enum class Policy : uint8_t { Static, Lru };
+
+// Everything the ledger needs to know about one device at a call.
+struct DeviceLimits {
+  uint64_t budget = 0; // device budget in bytes
+  bool can_act = false; // concurrent managed access, and no capture under way
+  bool discard = true; // dead data may be discarded (CUDA 13 and the setting)
+};
+
+struct ResidencyCounters {
+  uint64_t touches = 0; // ranges reported as about to be used
+  uint64_t prefetch_bytes = 0; // live bytes migrated to the device
+  uint64_t reuse_bytes = 0; // dead bytes placed by discard-and-prefetch
+  uint64_t place_bytes = 0; // fresh segments placed on the device
+  uint64_t evictions = 0; // EvictToHost actions
+  uint64_t evict_bytes = 0;
+  uint64_t discards = 0; // Discard actions
+  uint64_t discard_bytes = 0;
+  uint64_t map_host_bytes = 0; // bytes placed in host RAM without a move
+};
+
+class Residency {
+ public:
+  // A new managed segment of `size` bytes at `base` on `device`, allocated
+  // on `stream`. `tracked`: the allocator's block events reach the engine,
+  // so chunks without live blocks are dead; untracked chunks are always
+  // treated as live. Appends the actions that place it.
+  void addSegment(
+      uintptr_t base,
+      uint64_t size,
+      int device,
+      void* stream,
+      bool tracked,
+      Policy policy,
+      const DeviceLimits& limits,
+      std::vector<Action>& out);
+  // Forgets a segment (the allocator released it). False if unknown.
+  bool removeSegment(uintptr_t base);
+
+  // The allocator handed out [addr, addr+size) on `stream`: the range is
+  // about to be written on its device, and its old content is dead.
+  void onAlloc(
+      uintptr_t addr,
+      uint64_t size,
+      void* stream,
+      Policy policy,
+      const DeviceLimits& limits,
+      std::vector<Action>& out);
+  // The allocator took [addr, addr+size) back: its bytes are dead.
+  void onFree(uintptr_t addr, uint64_t size);
+
+  // [addr, addr+size) (live data) is about to be used on `device`: bring it
+  // there, making room under the budget. Returns the bytes asked to move.
+  uint64_t touch(
+      uintptr_t addr,
+      uint64_t size,
+      int device,
+      void* stream,
+      Policy policy,
+      const DeviceLimits& limits,
+      std::vector<Action>& out);
+  // Send [addr, addr+size) to host RAM (an explicit prefetch to the CPU).
+  uint64_t evict(
+      uintptr_t addr,
+      uint64_t size,
+      void* stream,
+      const DeviceLimits& limits,
+      std::vector<Action>& out);
+
+  // The device of the segment holding addr, or -1.
+  int deviceOf(uintptr_t addr) const;
+  bool contains(uintptr_t addr) const;
+
+  uint64_t bytesOn(int device, Where where) const;
+  uint64_t deadOnDevice(int device) const;
+  const ResidencyCounters& counters() const {
+    return counters_;
+  }
+
+  // Empty if the ledger is consistent, else what is wrong (tests).
+  std::string checkInvariants() const;
+  // Live bytes in [addr, addr+size) chunks, and whether a chunk at addr is
+  // dead / where it is (tests and the debugging C API).
+  Where whereIs(uintptr_t addr) const;
+  uint32_t liveBytesAt(uintptr_t addr) const;
+
+ private:
+  struct Segment;
+  struct Chunk {
+    Where where = Where::Unplaced;
+    bool discarded = false; // pages dropped: must be placed before a write
+    uint32_t live = 0; // bytes of live blocks in this chunk
+    uint64_t tick = 0; // last touch
+  };
+  struct Segment {
+    uintptr_t base = 0;
+    uint64_t size = 0;
+    int device = 0;
+    void* stream = nullptr;
+    bool tracked = false;
+    std::vector<Chunk> chunks;
+    uint64_t chunkSize(size_t i) const {
+      uint64_t lo = i * kChunkBytes;
+      return std::min<uint64_t>(kChunkBytes, size - lo);
+    }
+    uintptr_t chunkAddr(size_t i) const {
+      return base + i * kChunkBytes;
+    }
+    bool dead(size_t i) const {
+      return tracked && chunks[i].live == 0;
+    }
+  };
+  // A chunk on the device, ordered by (tick, address): the eviction order.
+  using Key = std::pair<uint64_t, uintptr_t>;
+  struct DeviceLru {
+    std::set<Key> live; // device-resident chunks holding live bytes
+    std::set<Key> dead; // device-resident chunks with no live bytes
+    uint64_t bytes[3] = {0, 0, 0}; // by Where
+  };
+
+  Segment* find(uintptr_t addr);
+  const Segment* find(uintptr_t addr) const;
+  DeviceLru& lru(int device);
+
+  // Moves chunk i of seg to `to` and keeps the per-device sets and byte
+  // counts true.
+  void setWhere(Segment& seg, size_t i, Where to);
+  void unlink(Segment& seg, size_t i);
+  void link(Segment& seg, size_t i);
+  void retouch(Segment& seg, size_t i);
+  // Frees room for `need` bytes on `device` under `budget`, never taking a
+  // chunk touched at or after `protect_tick`. Returns the bytes freed.
+  uint64_t makeRoom(
+      int device,
+      uint64_t need,
+      const DeviceLimits& limits,
+      uint64_t protect_tick,
+      void* stream,
+      std::vector<Action>& out);
+  // Brings chunks [first, last) of seg to the device; `dead_content`: the
+  // toucher overwrites them (discard-and-prefetch is safe where no other
+  // live bytes share the chunk).
+  uint64_t bringIn(
+      Segment& seg,
+      size_t first,
+      size_t last,
+      void* stream,
+      bool dead_content,
+      uintptr_t lo,
+      uintptr_t hi,
+      const DeviceLimits& limits,
+      std::vector<Action>& out);
+  void emit(
+      std::vector<Action>& out,
+      Action::Kind kind,
+      uintptr_t addr,
+      uint64_t size,
+      int device,
+      void* stream);
+
+  std::map<uintptr_t, Segment> segments_;
+  std::vector<DeviceLru> devices_;
+  uint64_t tick_ = 0;
+  ResidencyCounters counters_;
+};
+
+} // namespace c10::cuda::um

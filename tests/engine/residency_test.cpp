@@ -1,0 +1,405 @@
+// Drives the residency ledger (c10_overlay/c10/cuda/um/Residency.h) with event
+// traces, executes its actions on a simulated GPU, and checks the engine's
+// invariants after every step:
+//   - pages on the device never exceed the budget while the engine may act;
+//   - no live byte is ever discarded (a simulated content check);
+//   - a discarded chunk gets pages before its next use;
+//   - nothing is done while a capture is under way;
+//   - the ledger agrees with where the actions put each chunk;
+//   - when everything fits, a repeating loop issues no action at all.
+// Built and run by tests/unit/test_engine_residency.py; no GPU, no torch.
+#include <c10/cuda/um/Residency.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace c10::cuda::um;
+
+namespace {
+
+int g_failures = 0;
+
+#define CHECK(cond, ...)                                       \
+  do {                                                         \
+    if (!(cond)) {                                             \
+      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                       \
+      std::fprintf(stderr, "\n");                              \
+      ++g_failures;                                            \
+      return false;                                            \
+    }                                                          \
+  } while (0)
+
+enum class Phys { None, Device, Host };
+
+// A simulated GPU: where each chunk's pages physically are (by the actions
+// executed), and which blocks hold live data.
+struct Sim {
+  Residency r;
+  Policy policy = Policy::Lru;
+  DeviceLimits lim;
+  std::map<uintptr_t, Phys> phys; // chunk address -> pages
+  std::map<uintptr_t, uint64_t> csize; // chunk address -> bytes
+  uintptr_t next_base = 1ull << 36; // for segments of trainingLoop
+  std::map<uintptr_t, uint64_t> live; // block addr -> size
+  std::map<uintptr_t, uint64_t> segs; // segment base -> size
+  uint64_t actions = 0;
+  void* stream = reinterpret_cast<void*>(0x5);
+
+  Sim() {
+    lim.budget = 64 * kChunkBytes;
+    lim.can_act = true;
+    lim.discard = true;
+  }
+
+  bool overlapsLive(uintptr_t lo, uintptr_t hi, uintptr_t except) const {
+    for (const auto& [a, n] : live) {
+      if (a != except && a < hi && lo < a + n) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  bool apply(const std::vector<Action>& out, uintptr_t allocating) {
+    if (!lim.can_act) {
+      CHECK(out.empty(), "%zu actions while capturing", out.size());
+    }
+    for (const Action& a : out) {
+      ++actions;
+      CHECK(a.size > 0, "empty action");
+      for (uintptr_t c = a.addr; c < a.addr + a.size; c += kChunkBytes) {
+        CHECK(phys.count(c), "action %s on unknown chunk", actionName(a.kind));
+        const uintptr_t hi = std::min<uintptr_t>(c + kChunkBytes, a.addr + a.size);
+        switch (a.kind) {
+          case Action::Discard:
+            CHECK(!overlapsLive(c, hi, 0), "discard of a live chunk");
+            phys[c] = Phys::None;
+            break;
+          case Action::DiscardAndPrefetch:
+          case Action::PlaceOnHost:
+            CHECK(!overlapsLive(c, hi, allocating),
+                  "%s over another live block", actionName(a.kind));
+            phys[c] = a.kind == Action::PlaceOnHost ? Phys::Host : Phys::Device;
+            break;
+          case Action::PrefetchToDevice:
+          case Action::PlaceOnDevice:
+            phys[c] = Phys::Device;
+            break;
+          case Action::EvictToHost:
+          case Action::MapHost:
+            phys[c] = Phys::Host;
+            break;
+          case Action::AdviseHost:
+            break;
+        }
+      }
+    }
+    return true;
+  }
+
+  uint64_t deviceBytes() const {
+    uint64_t n = 0;
+    for (const auto& [c, p] : phys) {
+      n += p == Phys::Device ? csize.at(c) : 0;
+    }
+    return n;
+  }
+
+  bool invariants(const char* step) {
+    std::string bad = r.checkInvariants();
+    CHECK(bad.empty(), "%s: ledger: %s", step, bad.c_str());
+    if (lim.can_act) {
+      CHECK(deviceBytes() <= lim.budget, "%s: %llu bytes on the device, budget %llu",
+            step, (unsigned long long)deviceBytes(), (unsigned long long)lim.budget);
+      CHECK(r.bytesOn(0, Where::Device) + r.bytesOn(0, Where::Unplaced) <= lim.budget,
+            "%s: ledger over budget", step);
+    }
+    for (const auto& [c, p] : phys) {
+      Where w = r.whereIs(c);
+      if (w == Where::Device) {
+        CHECK(p == Phys::Device, "%s: ledger says device, pages are not", step);
+      } else if (w == Where::Host) {
+        CHECK(p != Phys::Device, "%s: ledger says host, pages on device", step);
+      }
+    }
+    return true;
+  }
+
+  bool addSegment(uintptr_t base, uint64_t size) {
+    std::vector<Action> out;
+    for (uintptr_t c = base; c < base + size; c += kChunkBytes) {
+      phys[c] = Phys::None;
+      csize[c] = std::min<uint64_t>(kChunkBytes, base + size - c);
+    }
+    segs[base] = size;
+    r.addSegment(base, size, 0, stream, true, policy, lim, out);
+    return apply(out, 0) && invariants("addSegment");
+  }
+
+  bool removeSegment(uintptr_t base) {
+    CHECK(r.removeSegment(base), "unknown segment");
+    for (uintptr_t c = base; c < base + segs[base]; c += kChunkBytes) {
+      phys.erase(c);
+      csize.erase(c);
+    }
+    segs.erase(base);
+    return invariants("removeSegment");
+  }
+
+  bool alloc(uintptr_t addr, uint64_t size) {
+    std::vector<Action> out;
+    r.onAlloc(addr, size, stream, policy, lim, out);
+    if (!apply(out, addr)) {
+      return false;
+    }
+    live[addr] = size;
+    // The block's first use: every chunk under it has pages.
+    for (uintptr_t c = addr - (addr % kChunkBytes); c < addr + size; c += kChunkBytes) {
+      CHECK(phys.at(c) != Phys::None || !lim.can_act,
+            "a discarded chunk reached its next use without pages");
+    }
+    return invariants("alloc");
+  }
+
+  bool free(uintptr_t addr) {
+    r.onFree(addr, live.at(addr));
+    live.erase(addr);
+    return invariants("free");
+  }
+
+  bool touch(uintptr_t addr) {
+    std::vector<Action> out;
+    r.touch(addr, live.at(addr), 0, stream, policy, lim, out);
+    return apply(out, 0) && invariants("touch");
+  }
+};
+
+// Blocks are carved from segments at 512-byte granularity, like the caching
+// allocator's, so that chunks are shared between blocks.
+struct Carver {
+  std::mt19937_64 rng;
+  explicit Carver(uint64_t seed) : rng(seed) {}
+  uint64_t size(uint64_t max) {
+    std::uniform_int_distribution<uint64_t> d(1, max / 512);
+    return d(rng) * 512;
+  }
+};
+
+bool randomTrace(uint64_t seed) {
+  Sim s;
+  Carver rnd(seed);
+  s.lim.budget = (8 + seed % 24) * kChunkBytes;
+  s.lim.discard = seed % 3 != 0;
+  const uintptr_t base0 = 1ull << 32;
+  std::vector<std::pair<uintptr_t, uint64_t>> segments;
+  for (int i = 0; i < 4; ++i) {
+    uint64_t size = (4 + rnd.rng() % 20) * kChunkBytes - (i == 3 ? 4096 : 0);
+    uintptr_t base = base0 + i * (64ull << 20);
+    segments.push_back({base, size});
+    if (!s.addSegment(base, size)) return false;
+  }
+  // A segment's blocks: a sorted set of non-overlapping live ranges.
+  for (int step = 0; step < 4000; ++step) {
+    int op = rnd.rng() % 10;
+    s.lim.can_act = rnd.rng() % 25 != 0; // now and then a capture
+    if (op < 4) {
+      auto [base, size] = segments[rnd.rng() % segments.size()];
+      uint64_t n = rnd.size(std::min<uint64_t>(size, 6 * kChunkBytes));
+      uint64_t off = (rnd.rng() % ((size - n) / 512 + 1)) * 512;
+      uintptr_t a = base + off;
+      if (s.overlapsLive(a, a + n, 0)) continue;
+      if (!s.alloc(a, n)) return false;
+    } else if (op < 7 && !s.live.empty()) {
+      auto it = s.live.begin();
+      std::advance(it, rnd.rng() % s.live.size());
+      if (!s.free(it->first)) return false;
+    } else if (!s.live.empty()) {
+      auto it = s.live.begin();
+      std::advance(it, rnd.rng() % s.live.size());
+      if (!s.touch(it->first)) return false;
+    }
+  }
+  return true;
+}
+
+// A training loop: persistent parameters and optimizer state, activations
+// allocated in forward order and freed in reverse in backward, gradients.
+struct Loop {
+  uint64_t layers;
+  uint64_t act;
+  uint64_t param;
+};
+
+bool trainingLoop(Sim& s, const std::vector<Loop>& phases, int iters,
+                  std::vector<uint64_t>* per_iter_evicted) {
+  auto segment = [&](uint64_t n) {
+    uintptr_t a = s.next_base;
+    s.next_base += (n + kChunkBytes - 1) / kChunkBytes * kChunkBytes + (64ull << 20);
+    return a;
+  };
+  // Persistent: params in one segment (one block each), state likewise.
+  const Loop& p0 = phases[0];
+  uintptr_t params = segment(p0.layers * p0.param);
+  if (!s.addSegment(params, p0.layers * p0.param)) return false;
+  for (uint64_t l = 0; l < p0.layers; ++l) {
+    if (!s.alloc(params + l * p0.param, p0.param)) return false;
+  }
+  uintptr_t state = segment(2 * p0.layers * p0.param);
+  if (!s.addSegment(state, 2 * p0.layers * p0.param)) return false;
+  for (uint64_t l = 0; l < 2 * p0.layers; ++l) {
+    if (!s.alloc(state + l * p0.param, p0.param)) return false;
+  }
+  // The activation pool: the caching allocator reuses its segments.
+  uint64_t pool_size = 0;
+  for (const Loop& p : phases) pool_size = std::max(pool_size, p.layers * p.act + p.layers * p.param);
+  uintptr_t pool = segment(pool_size);
+  if (!s.addSegment(pool, pool_size)) return false;
+  for (int it = 0; it < iters; ++it) {
+    const Loop& p = phases[std::min<size_t>(phases.size() - 1, it * phases.size() / iters)];
+    uint64_t before = s.r.counters().evict_bytes;
+    for (uint64_t l = 0; l < p.layers; ++l) {
+      if (!s.touch(params + (l % p0.layers) * p0.param)) return false;
+      if (!s.alloc(pool + l * p.act, p.act)) return false;
+    }
+    for (uint64_t l = p.layers; l-- > 0;) {
+      if (!s.touch(pool + l * p.act)) return false;
+      uintptr_t g = pool + p.layers * p.act + l * p.param;
+      if (!s.alloc(g, p.param)) return false;
+      if (!s.free(pool + l * p.act)) return false;
+    }
+    for (uint64_t l = 0; l < p.layers; ++l) {
+      if (!s.free(pool + p.layers * p.act + l * p.param)) return false;
+    }
+    if (per_iter_evicted) per_iter_evicted->push_back(s.r.counters().evict_bytes - before);
+  }
+  return true;
+}
+
+bool repeatedLoopUnderBudget() {
+  Sim s;
+  s.lim.budget = 40 * kChunkBytes;
+  std::vector<uint64_t> evicted;
+  if (!trainingLoop(s, {{8, 3 * kChunkBytes, kChunkBytes + 4096}}, 20, &evicted)) return false;
+  CHECK(s.r.counters().discard_bytes > 0, "no dead chunk was discarded");
+  CHECK(s.r.counters().reuse_bytes > 0, "no reused block was discarded-and-prefetched");
+  // Steady state: every iteration moves the same bytes (no drift, no leak).
+  CHECK(evicted[10] == evicted[19], "evictions drift: %llu vs %llu",
+        (unsigned long long)evicted[10], (unsigned long long)evicted[19]);
+  return true;
+}
+
+bool changingPattern() {
+  Sim s;
+  s.lim.budget = 32 * kChunkBytes;
+  return trainingLoop(
+      s, {{8, 3 * kChunkBytes, kChunkBytes}, {12, kChunkBytes + 512, kChunkBytes}, {5, 5 * kChunkBytes, kChunkBytes}},
+      30, nullptr);
+}
+
+bool fitsIssuesNothing() {
+  Sim s;
+  s.lim.budget = 1024 * kChunkBytes;
+  if (!trainingLoop(s, {{8, 3 * kChunkBytes, kChunkBytes}}, 2, nullptr)) return false;
+  uint64_t before = s.actions;
+  if (!trainingLoop(s, {{8, 3 * kChunkBytes, kChunkBytes}}, 10, nullptr)) return false;
+  // Only the new segments' placement (advice + prefetch) may appear.
+  CHECK(s.actions - before <= 6, "%llu actions in a loop that fits",
+        (unsigned long long)(s.actions - before));
+  CHECK(s.r.counters().evict_bytes == 0 && s.r.counters().discard_bytes == 0,
+        "evictions although everything fits");
+  return true;
+}
+
+bool captureDoesNothing() {
+  Sim s;
+  s.lim.budget = 4 * kChunkBytes;
+  if (!s.addSegment(1ull << 32, 8 * kChunkBytes)) return false;
+  s.lim.can_act = false;
+  if (!s.addSegment(1ull << 33, 8 * kChunkBytes)) return false;
+  if (!s.alloc((1ull << 32) + 6 * kChunkBytes, kChunkBytes)) return false;
+  if (!s.alloc(1ull << 33, 3 * kChunkBytes)) return false;
+  CHECK(s.r.bytesOn(0, Where::Unplaced) == 8 * kChunkBytes, "capture segment not unplaced");
+  return true;
+}
+
+bool staticPolicy() {
+  Sim s;
+  s.policy = Policy::Static;
+  s.lim.budget = 10 * kChunkBytes;
+  if (!s.addSegment(1ull << 32, 8 * kChunkBytes)) return false;
+  if (!s.addSegment(1ull << 33, 8 * kChunkBytes)) return false;
+  CHECK(s.r.whereIs(1ull << 33) == Where::Host, "static: second segment not in host RAM");
+  uint64_t before = s.actions;
+  if (!s.alloc(1ull << 33, 8 * kChunkBytes)) return false;
+  if (!s.free(1ull << 33)) return false;
+  CHECK(s.actions == before, "static policy acted on block events");
+  return true;
+}
+
+bool oversizedSegmentIsSplit() {
+  Sim s;
+  s.lim.budget = 8 * kChunkBytes;
+  // Larger than the budget: its first part on the device, the rest in host
+  // RAM, and nothing else is pushed out beyond what the budget needs.
+  if (!s.addSegment(1ull << 32, 20 * kChunkBytes)) return false;
+  CHECK(s.r.bytesOn(0, Where::Device) == 8 * kChunkBytes, "device part is not the budget");
+  CHECK(s.r.bytesOn(0, Where::Host) == 12 * kChunkBytes, "host part is not the rest");
+  CHECK(s.r.whereIs(1ull << 32) == Where::Device, "first chunk not on the device");
+  return true;
+}
+
+bool blockLargerThanBudget() {
+  Sim s;
+  s.lim.budget = 4 * kChunkBytes;
+  const uintptr_t a = 1ull << 32, b = 1ull << 33;
+  if (!s.addSegment(a, 4 * kChunkBytes)) return false;
+  if (!s.alloc(a, 4 * kChunkBytes)) return false;
+  if (!s.addSegment(b, 10 * kChunkBytes)) return false;
+  // A 10-chunk block reused, then a live 10-chunk range touched: each time
+  // only the budget's worth comes to the device, the rest stays mapped.
+  if (!s.alloc(b, 10 * kChunkBytes)) return false;
+  if (!s.free(b)) return false;
+  if (!s.touch(a)) return false;
+  if (!s.alloc(b, 10 * kChunkBytes)) return false;
+  if (!s.touch(b)) return false;
+  CHECK(s.r.bytesOn(0, Where::Device) == 4 * kChunkBytes, "budget not filled");
+  CHECK(s.r.whereIs(a) == Where::Host, "the older block did not leave");
+  return true;
+}
+
+} // namespace
+
+int main() {
+  struct Case {
+    const char* name;
+    bool (*fn)();
+  };
+  const Case cases[] = {
+      {"repeated training loop under the budget", repeatedLoopUnderBudget},
+      {"changing pattern", changingPattern},
+      {"a loop that fits issues nothing", fitsIssuesNothing},
+      {"no action during capture", captureDoesNothing},
+      {"static policy", staticPolicy},
+      {"oversized segment split by placement", oversizedSegmentIsSplit},
+      {"a block larger than the budget", blockLargerThanBudget},
+  };
+  int run = 0;
+  for (const Case& c : cases) {
+    bool ok = c.fn();
+    std::printf("%s %s\n", ok ? "ok  " : "FAIL", c.name);
+    ++run;
+  }
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    bool ok = randomTrace(seed);
+    if (!ok) std::printf("FAIL random trace, seed %llu\n", (unsigned long long)seed);
+    ++run;
+  }
+  std::printf("%d cases, %d failures\n", run, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,210 @@
+"""The residency engine on a GPU: data survives eviction, discard and reuse under a tiny
+device budget (threads, streams, record_stream, graph capture and replay, torch.compile),
+device residency sampled against the budget, and training and inference under the budget
+give the results they give in memory.
+
+Every test runs under the suite's cap (max_managed <= 80 % of free memory at start) with a
+device budget of a few hundred MiB: oversubscription is against the budget only.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+from typing import Any
+
+import pytest
+
+from tests.gpu.conftest import GiB, Limits, MiB, release_cache
+
+torch = pytest.importorskip("torch")
+
+BUDGET = 256 * MiB
+
+
+def _on_device(um: Any) -> int:
+    s = um.stats()
+    return int(s["um.device_placed_bytes"] + s["um.unplaced_bytes"])
+
+
+def _tiny_budget(um: Any, budget: int = BUDGET) -> None:
+    release_cache(torch)
+    um.configure(device_budget=budget, policy="lru", discard=True)
+
+
+def test_data_survives_eviction_discard_and_reuse(torch_mod: Any, um: Any, limits: Limits) -> None:
+    _tiny_budget(um)
+    before = um.stats()
+    rng = random.Random(0)
+    live: dict[int, tuple[torch.Tensor, float]] = {}
+    peak_resident = 0
+    for step in range(300):
+        if live and rng.random() < 0.4:
+            key = rng.choice(list(live))
+            t, value = live.pop(key)
+            assert float(t.double().sum()) == value * t.numel(), f"step {step}: data lost"
+        else:
+            n = rng.choice([1 << 10, 1 << 18, 3 << 20, 9 << 20, 24 << 20])  # up to 96 MiB
+            value = float(rng.randrange(1, 1000))
+            live[step] = (torch.full((n,), value, device="cuda"), value)
+        # Every live tensor is read now and then: evicted ones are read in place.
+        if step % 25 == 0:
+            for t, value in live.values():
+                assert float(t.double().sum()) == value * t.numel(), f"step {step}: data lost"
+        peak_resident = max(peak_resident, _on_device(um))
+        assert _on_device(um) <= BUDGET, f"{_on_device(um)} bytes on the device, budget {BUDGET}"
+    after = um.stats()
+    moved = {k: after[k] - before[k] for k in ("um.evict_bytes", "um.discard_bytes", "um.reuse_bytes")}
+    print(f"[um] residency: peak on device {peak_resident / MiB:.0f} MiB, moved {moved}")
+    assert moved["um.evict_bytes"] > 0, "nothing was evicted: the test did not oversubscribe"
+    assert moved["um.discard_bytes"] > 0 and moved["um.reuse_bytes"] > 0
+    assert after["um.executor_failures"] == before["um.executor_failures"]
+    assert after["um.events_attached"] == 1
+
+
+def test_threads_streams_record_stream_under_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
+    _tiny_budget(um)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            rng = random.Random(seed)
+            stream = torch.cuda.Stream()
+            live: list[tuple[torch.Tensor, float]] = []
+            with torch.cuda.stream(stream):
+                for _ in range(200):
+                    if live and rng.random() < 0.45:
+                        t, value = live.pop(rng.randrange(len(live)))
+                        assert float(t.double().sum()) == value * t.numel()
+                        continue
+                    n = rng.choice([7, 4099, 1 << 16, 1 << 20, 3 << 20, 9 << 20])
+                    value = float(rng.randrange(1, 100))
+                    t = torch.full((n,), value, device="cuda")
+                    if rng.random() < 0.3:
+                        other = torch.cuda.Stream()
+                        other.wait_stream(stream)
+                        with torch.cuda.stream(other):
+                            t.mul_(1.0)
+                        t.record_stream(other)
+                    live.append((t, value))
+                for t, value in live:
+                    assert float(t.double().sum()) == value * t.numel()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert _on_device(um) <= BUDGET
+
+
+def test_graph_capture_and_replay_under_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
+    _tiny_budget(um)
+    # Fill the budget first, so that the capture's allocations meet a full device.
+    filler = [torch.ones(32 << 20, device="cuda") for _ in range(3)]  # 384 MiB
+    static_in = torch.zeros(1 << 20, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            static_out = static_in * 2 + 1
+    torch.cuda.current_stream().wait_stream(s)
+    actions_before = um.stats()["um.executor_calls"]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = static_in * 2 + 1
+        extra = torch.empty(16 * MiB // 4, device="cuda").fill_(5)
+    # No action was issued while the capture was under way (it would invalidate it).
+    assert um.stats()["um.executor_calls"] == actions_before
+    for k in range(3):
+        static_in.fill_(float(k))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.all(static_out == 2 * k + 1)
+        assert float(extra[0]) == 5.0
+    assert all(float(f.sum()) == f.numel() for f in filler)
+    del g, static_out, extra, filler
+
+
+def test_compile_reduce_overhead_under_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
+    from torch.utils._triton import has_triton
+
+    if not has_triton() or not (shutil.which("gcc") or shutil.which("cc")):
+        pytest.skip("Triton or a C compiler is missing on this host")
+    _tiny_budget(um)
+    filler = [torch.ones(32 << 20, device="cuda") for _ in range(3)]
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(a @ b) + a.sum()
+
+    cf = torch.compile(f, mode="reduce-overhead")
+    a = torch.randn(1024, 1024, device="cuda")
+    b = torch.randn(1024, 1024, device="cuda")
+    for _ in range(4):
+        out = cf(a, b)
+    torch.cuda.synchronize()
+    assert torch.allclose(out, f(a, b), rtol=1e-3, atol=1e-3)
+    assert all(float(x.sum()) == x.numel() for x in filler)
+    del filler
+
+
+def _gpt(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(seed)
+    layers = [torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True) for _ in range(8)]
+    model = torch.nn.Sequential(*layers).cuda()
+    x = torch.randn(16, 256, 512, device="cuda")
+    return model, x
+
+
+def _train_losses(steps: int) -> list[float]:
+    model, x = _gpt(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    losses = []
+    for _ in range(steps):
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    del model, opt
+    return losses
+
+
+def test_training_under_budget_matches_in_memory(torch_mod: Any, um: Any, limits: Limits) -> None:
+    torch.backends.cudnn.deterministic = True
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    in_memory = _train_losses(6)
+    # About 25 M parameters (100 MB fp32, 300 MB with AdamW state) and ~1 GB of
+    # activations against a 256 MiB budget.
+    _tiny_budget(um)
+    before = um.stats()
+    under = _train_losses(6)
+    after = um.stats()
+    print(f"[um] training losses in memory {in_memory}\n[um] under the budget {under}")
+    print(f"[um] evicted {(after['um.evict_bytes'] - before['um.evict_bytes']) / GiB:.2f} GiB, "
+          f"discarded {(after['um.discard_bytes'] - before['um.discard_bytes']) / GiB:.2f} GiB, "
+          f"touches {after['um.touches'] - before['um.touches']}")
+    assert after["um.evict_bytes"] > before["um.evict_bytes"]
+    assert under == pytest.approx(in_memory, rel=1e-4, abs=1e-5)
+    assert _on_device(um) <= BUDGET
+
+
+def test_inference_under_budget_matches_in_memory(torch_mod: Any, um: Any, limits: Limits) -> None:
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    model, x = _gpt(1)
+    with torch.inference_mode():
+        expect = model(x).float()
+    del model
+    _tiny_budget(um, 128 * MiB)
+    model, x = _gpt(1)
+    with torch.inference_mode():
+        for _ in range(3):
+            got = model(x).float()
+    assert torch.equal(got, expect)
+    assert _on_device(um) <= 128 * MiB
