@@ -155,7 +155,7 @@ def test_compile_reduce_overhead_under_budget(torch_mod: Any, um: Any, limits: L
 def _gpt(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
     torch.manual_seed(seed)
     layers = [torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True) for _ in range(8)]
-    model = torch.nn.Sequential(*layers).cuda()
+    model = torch.nn.Sequential(*layers).cuda().eval()
     x = torch.randn(16, 256, 512, device="cuda")
     return model, x
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench import common, oversubscribe, step_time
+from bench import common, oversubscribe, residency, step_time
 
 
 def _step(model: str, mode: str, ms: float) -> dict[str, object]:
@@ -85,3 +86,145 @@ def test_save_records_command_machine_engine_and_samples(
         {"mode": "um", "median_ms": 2.0},
         {"mode": "stock", "median_ms": 1.0},
     ]
+
+
+GIB = 1 << 30
+
+
+def _res(mode: str, median_s: float, **extra: object) -> dict[str, Any]:
+    return {"mode": mode, "median_s": median_s, "first_step_s": 2 * median_s, **extra}
+
+
+def _link(h2d: float, d2h: float) -> dict[str, Any]:
+    return {"mode": "link", "h2d_bytes_per_s": h2d, "d2h_bytes_per_s": d2h}
+
+
+def test_residency_parse_size() -> None:
+    assert residency.parse_size("8GiB") == 8 * GIB
+    assert residency.parse_size("1.5G") == 3 * GIB // 2
+    assert residency.parse_size("512MB") == 512 << 20
+    assert residency.parse_size(str(2 * GIB)) == 2 * GIB
+    for bad in ("lots", "0GiB", "-1G", "8iB", ""):
+        with pytest.raises(common.BenchError, match="not a size"):
+            residency.parse_size(bad)
+
+
+def test_residency_floor_train_is_full_duplex_bound_by_the_slower_direction() -> None:
+    # peak 20 GiB, budget 8 GiB: 12 GiB out and back each step, both directions at once
+    floor = residency.floor_seconds("train", 0.1, 20 * GIB, 8 * GIB, 60e9, 48e9)
+    assert floor == pytest.approx(12 * GIB / 48e9)
+    # compute-bound when the overflow moves faster than the in-memory step
+    assert residency.floor_seconds("train", 5.0, 20 * GIB, 8 * GIB, 60e9, 48e9) == 5.0
+    # it fits: the floor is the in-memory time
+    assert residency.floor_seconds("train", 0.1, 4 * GIB, 8 * GIB, 60e9, 48e9) == 0.1
+    assert residency.floor_seconds("train", None, 20 * GIB, 8 * GIB, 60e9, 48e9) is None
+    assert residency.floor_seconds("train", 0.1, 20 * GIB, 8 * GIB, 0.0, 0.0) is None
+
+
+def test_residency_floor_infer_counts_host_to_device_once() -> None:
+    floor = residency.floor_seconds("infer", 0.01, 5 * GIB, 2 * GIB, 50e9, 10e9)
+    assert floor == pytest.approx(3 * GIB / 50e9)
+
+
+def test_residency_agreement() -> None:
+    ref = {"mode": "stock", "losses": [10.0, 9.0, 8.0], "checksums": [100.0, 100.0]}
+    um = {"mode": "um", "losses": [10.0, 9.25, 7.5], "checksums": [101.0, 99.0]}
+    assert residency.agreement("train", ref, um) == pytest.approx(0.5)
+    assert residency.agreement("infer", ref, um) == pytest.approx(0.01)
+    assert residency.agreement("train", ref, {"mode": "um", "oom": True}) is None
+    assert residency.agreement("train", None, um) is None
+
+
+def test_residency_summary_train() -> None:
+    losses = {"losses": [10.0, 9.0]}
+    samples: list[dict[str, Any]] = [
+        _link(50e9, 40e9),
+        _res("stock", 0.1, max_allocated_bytes=20 * GIB, **losses),
+        _res("um-static", 4.0, losses=[10.0, 9.5]),
+        _res("um", 1.0, **losses),
+        {"mode": "stock-fraction", "oom": True, "message": "CUDA out of memory"},
+        {"mode": "fsdp2-offload-ckpt", "error": "Traceback ...\nRuntimeError: nccl"},
+        _res("stock", 0.3, max_allocated_bytes=21 * GIB, losses=[10.0, 9.0]),
+        _res("um", 2.0, **losses),
+    ]
+    summary, analysis = residency.summarize("train", samples, 8 * GIB)
+    assert set(summary) == {"floor_s", "modes"}
+    assert list(summary["modes"]) == list(residency.MODES["train"])
+    floor = 13 * GIB / 40e9  # the larger stock peak, the slower direction
+    assert summary["floor_s"] == pytest.approx(floor)
+    assert summary["modes"] == {
+        "stock": pytest.approx(0.2),
+        "um-nobudget": None,  # not run
+        "um-static": 4.0,
+        "um": 1.5,
+        "fsdp2-offload-ckpt": None,  # error
+        "stock-fraction": None,  # out of memory
+    }
+    rows = analysis["modes"]
+    assert rows["um"]["per_um_static"] == pytest.approx(1.5 / 4.0)
+    assert rows["um"]["per_floor"] == pytest.approx(1.5 / floor)
+    assert rows["um"]["first_step_s"] == pytest.approx(3.0)
+    assert rows["um"]["agreement"] == 0.0 and rows["um-static"]["agreement"] == 0.5
+    assert rows["stock-fraction"]["oom"] == 1 and rows["stock-fraction"]["seconds"] is None
+    assert rows["fsdp2-offload-ckpt"]["errors"] == ["Traceback ...\nRuntimeError: nccl"]
+    assert rows["um-nobudget"]["runs"] == 0
+    assert analysis["floor"]["over_budget_bytes"] == 13 * GIB
+    text = residency.table("train", summary, analysis)
+    assert "OOM in 1/1" in text and "RuntimeError: nccl" in text and "not run" in text
+    assert "max(stock_s, over / min(h2d, d2h))" in text
+    um_line = next(line for line in text.splitlines() if line.startswith("um "))
+    assert "0.375" in um_line
+
+
+def test_residency_summary_infer_without_stock_has_no_floor() -> None:
+    samples = [_link(50e9, 40e9), _res("um", 0.5, checksums=[1.0]), _res("accelerate", 0.2)]
+    summary, analysis = residency.summarize("infer", samples, 2 * GIB)
+    assert summary == {
+        "floor_s": None,
+        "modes": {"stock": None, "um-static": None, "um": 0.5, "accelerate": 0.2},
+    }
+    assert analysis["modes"]["um"]["per_floor"] is None
+    assert analysis["modes"]["um"]["agreement"] is None
+    assert "-" in residency.table("infer", summary, analysis)
+
+
+def test_residency_selected_modes() -> None:
+    assert residency.selected_modes("infer", None) == ["stock", "um-static", "um", "accelerate"]
+    assert residency.selected_modes("train", "um, stock") == ["um", "stock"]
+    with pytest.raises(common.BenchError, match="train modes are"):
+        residency.selected_modes("train", "accelerate")
+
+
+def test_residency_record_tolerates_failed_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["x", "train", "--stock-pythonpath", "/s", "--rounds", "1"])
+    stock_machine = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "um_engine": None}
+    um_machine = {**stock_machine, "um_engine": "libtorch_um.so"}
+    samples: list[dict[str, Any]] = [
+        {**_link(50e9, 40e9), "machine": stock_machine},
+        {"mode": "stock", "error": "worker gave no result"},
+        {**_res("um", 1.0, losses=[1.0]), "machine": um_machine},
+    ]
+    settings = {"budget_bytes": 8 * GIB, "workload": "train", "batch": [4, 1024]}
+    rec = residency.record("train", samples, settings)
+    assert rec["command"] == "python -m bench.residency train --stock-pythonpath STOCK --rounds 1"
+    assert rec["machine"] == stock_machine and rec["um_engine"] == "libtorch_um.so"
+    assert rec["summary"]["modes"]["um"] == 1.0 and rec["summary"]["floor_s"] is None
+    assert all("machine" not in s for s in rec["samples"])
+    path = common.write("residency-train", rec, tmp_path)
+    assert path.name.startswith("residency-train-h200-")
+    assert json.loads(path.read_text())["summary"] == rec["summary"]
+    with pytest.raises(common.BenchError, match="no worker got as far as CUDA"):
+        residency.record("train", [{"mode": "stock", "error": "boom"}], settings)
+
+
+def test_residency_worker_reports_a_missing_torch_as_an_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails
+    residency.worker("um", "train", 1, 0, 8 * GIB)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(common.MARK)
+    rec = json.loads(line[len(common.MARK) :])
+    assert rec["mode"] == "um" and "ModuleNotFoundError" in rec["error"]

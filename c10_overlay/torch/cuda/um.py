@@ -597,7 +597,7 @@ def _pre_forward(module: "Module", args: object) -> None:
         _touch(_ranges_of(own))
 
 
-def _flat(obj: object) -> list[object]:
+def _flat(obj: object) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, (tuple, list)):

@@ -121,6 +121,7 @@ uint64_t Engine::touch(
     cudaStream_t stream) {
   std::vector<Action> actions;
   uint64_t moved = 0;
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Segment* seg = segmentOf(ptr);
@@ -136,8 +137,12 @@ uint64_t Engine::touch(
         limits(seg->device, false),
         actions);
     notePressure();
+    if (actions.empty()) {
+      return moved;
+    }
+    ticket = executor_.take();
   }
-  executor_.run(actions, true);
+  executor_.run(ticket, actions, true);
   return moved;
 }
 
@@ -190,6 +195,7 @@ cudaError_t Engine::allocSegment(
 
   cudaError_t err = cudaMallocManaged(ptr, size, cudaMemAttachGlobal);
   std::vector<Action> actions;
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     DeviceState& st = devices_[device];
@@ -215,8 +221,12 @@ cudaError_t Engine::allocSegment(
         actions);
     notePressure();
     peak_managed_bytes_ = std::max(peak_managed_bytes_, managed_bytes_);
+    if (actions.empty()) {
+      return cudaSuccess;
+    }
+    ticket = executor_.take();
   }
-  executor_.run(actions, cfg.prefetch);
+  executor_.run(ticket, actions, cfg.prefetch);
   return cudaSuccess;
 }
 
@@ -245,6 +255,7 @@ void Engine::onBlockEvent(
     cudaStream_t stream) {
   std::vector<Action> actions;
   bool prefetch = true;
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++block_events_;
@@ -263,12 +274,14 @@ void Engine::onBlockEvent(
         cfg_.lru ? Policy::Lru : Policy::Static,
         limits(seg->device, false),
         actions);
-    if (!actions.empty()) {
-      notePressure();
+    if (actions.empty()) {
+      return;
     }
+    notePressure();
     prefetch = cfg_.prefetch;
+    ticket = executor_.take();
   }
-  executor_.run(actions, prefetch);
+  executor_.run(ticket, actions, prefetch);
 }
 
 void Engine::setEventsAttached() {
@@ -282,6 +295,7 @@ cudaError_t Engine::prefetch(
     cudaStream_t stream) {
   std::vector<Action> actions;
   bool known = false;
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Segment* seg = segmentOf(ptr);
@@ -301,12 +315,16 @@ cudaError_t Engine::prefetch(
             lim,
             actions);
       }
+      if (actions.empty()) {
+        return cudaSuccess;
+      }
+      ticket = executor_.take();
     }
   }
   if (!known) {
     return compat::prefetch(ptr, size, location, stream);
   }
-  executor_.run(actions, true);
+  executor_.run(ticket, actions, true);
   return cudaSuccess;
 }
 

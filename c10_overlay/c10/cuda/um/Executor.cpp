@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <thread>
 
 namespace c10::cuda::um {
 
@@ -36,6 +37,26 @@ struct DeviceGuard {
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 };
+
+// Prefetches on any stream: one range by cudaMemPrefetchAsync (which also
+// takes the legacy default stream), several by the batch API, which does not.
+cudaError_t prefetchOn(
+    std::vector<void*>& ptrs,
+    std::vector<size_t>& sizes,
+    int to,
+    cudaStream_t stream) {
+  if (ptrs.size() == 1 || stream == nullptr || stream == cudaStreamLegacy) {
+    for (size_t k = 0; k < ptrs.size(); ++k) {
+      cudaError_t e = compat::prefetch(ptrs[k], sizes[k], to, stream);
+      if (e != cudaSuccess) {
+        return e;
+      }
+    }
+    return cudaSuccess;
+  }
+  return compat::prefetchBatch(
+      ptrs.data(), sizes.data(), ptrs.size(), to, stream);
+}
 
 } // namespace
 
@@ -101,7 +122,47 @@ void Executor::group(
   }
 }
 
-void Executor::run(const std::vector<Action>& actions, bool prefetch) {
+template <typename Fn>
+cudaError_t Executor::onStream(cudaStream_t stream, int device, Fn&& fn) {
+  if (stream != nullptr && stream != cudaStreamLegacy) {
+    return fn(stream);
+  }
+  Side& s = side(device);
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!ensureSide(s, device)) {
+    return cudaErrorUnknown;
+  }
+  cudaError_t e = cudaEventRecord(s.ready, stream);
+  if (e == cudaSuccess) {
+    e = cudaStreamWaitEvent(s.stream, s.ready, 0);
+  }
+  if (e == cudaSuccess) {
+    e = fn(s.stream);
+  }
+  if (e == cudaSuccess) {
+    e = cudaEventRecord(s.done, s.stream);
+    s.used = true;
+  }
+  if (e == cudaSuccess) {
+    e = cudaStreamWaitEvent(stream, s.done, 0);
+  }
+  return e;
+}
+
+void Executor::run(
+    uint64_t ticket,
+    const std::vector<Action>& actions,
+    bool prefetch) {
+  while (serving_.load(std::memory_order_acquire) != ticket) {
+    std::this_thread::yield();
+  }
+  struct Next {
+    std::atomic<uint64_t>& serving;
+    uint64_t ticket;
+    ~Next() {
+      serving.store(ticket + 1, std::memory_order_release);
+    }
+  } next{serving_, ticket};
   if (actions.empty()) {
     return;
   }
@@ -123,16 +184,11 @@ void Executor::run(const std::vector<Action>& actions, bool prefetch) {
       cudaError_t e = cudaSuccess;
       switch (a.kind) {
         case Action::PlaceOnDevice:
-          if (prefetch) {
-            e = compat::prefetchBatch(
-                ptrs.data(), sizes.data(), ptrs.size(), a.device, stream);
+        case Action::PrefetchToDevice:
+          if (a.kind == Action::PrefetchToDevice || prefetch) {
+            e = prefetchOn(ptrs, sizes, a.device, stream);
             ++calls;
           }
-          break;
-        case Action::PrefetchToDevice:
-          e = compat::prefetchBatch(
-              ptrs.data(), sizes.data(), ptrs.size(), a.device, stream);
-          ++calls;
           break;
         case Action::DiscardAndPrefetch:
         case Action::PlaceOnHost:
@@ -148,14 +204,15 @@ void Executor::run(const std::vector<Action>& actions, bool prefetch) {
             }
           }
           if (e == cudaSuccess) {
-            if (a.kind == Action::Discard) {
-              e = compat::discardBatch(
-                  ptrs.data(), sizes.data(), ptrs.size(), stream);
-            } else {
-              int to = a.kind == Action::PlaceOnHost ? compat::kHost : a.device;
-              e = compat::discardAndPrefetchBatch(
-                  ptrs.data(), sizes.data(), ptrs.size(), to, stream);
-            }
+            const int to =
+                a.kind == Action::PlaceOnHost ? compat::kHost : a.device;
+            const bool only = a.kind == Action::Discard;
+            e = onStream(stream, a.device, [&](cudaStream_t st) {
+              return only ? compat::discardBatch(
+                                ptrs.data(), sizes.data(), ptrs.size(), st)
+                          : compat::discardAndPrefetchBatch(
+                                ptrs.data(), sizes.data(), ptrs.size(), to, st);
+            });
             ++calls;
           }
           break;
@@ -175,8 +232,7 @@ void Executor::run(const std::vector<Action>& actions, bool prefetch) {
           if (e == cudaSuccess && prefetch && a.kind == Action::MapHost) {
             // Populate host pages now: first GPU touches then map instead
             // of faulting pages into existence one by one.
-            e = compat::prefetchBatch(
-                ptrs.data(), sizes.data(), ptrs.size(), compat::kHost, stream);
+            e = prefetchOn(ptrs, sizes, compat::kHost, stream);
             ++calls;
           }
           break;

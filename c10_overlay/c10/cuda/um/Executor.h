@@ -45,8 +45,13 @@ struct ExecutorCounters {
 
 class Executor {
  public:
+  // A place in the execution order; call under the engine's lock, then
+  // run() with it (always, also with no actions) after dropping the lock.
+  uint64_t take() {
+    return next_ticket_++;
+  }
   // `prefetch`: the prefetch setting (placement of fresh segments).
-  void run(const std::vector<Action>& actions, bool prefetch);
+  void run(uint64_t ticket, const std::vector<Action>& actions, bool prefetch);
   ExecutorCounters counters() const;
 
  private:
@@ -65,6 +70,21 @@ class Executor {
       size_t& i,
       std::vector<void*>& ptrs,
       std::vector<size_t>& sizes);
+
+  // Stream work that the batch APIs cannot enqueue on the legacy default
+  // stream: it runs on the side stream, fenced by events on both sides.
+  template <typename Fn>
+  cudaError_t onStream(cudaStream_t stream, int device, Fn&& fn);
+
+  // Note [Executor: one order]: actions run in the order the engine decided
+  // them (tickets handed out under the engine's lock), whichever thread runs
+  // them, so that a discard decided after an eviction of the same pages is
+  // also enqueued after it.
+  // The wait is a yield loop, not a condition variable: the ticket ahead is
+  // being served by a thread issuing a few CUDA calls, and libstdc++'s
+  // condition_variable::wait would raise the wheel's GLIBCXX requirement.
+  uint64_t next_ticket_ = 0; // guarded by the engine's lock (take())
+  std::atomic<uint64_t> serving_{0};
 
   std::mutex sides_mu_;
   std::vector<Side*> sides_; // leaked on purpose, like the engine

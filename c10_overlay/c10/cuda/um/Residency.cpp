@@ -249,6 +249,11 @@ uint64_t Residency::bringIn(
     if (c.where != Where::Host) {
       continue;
     }
+    if (!dead_content && seg.dead(i)) {
+      // A use of live data never moves (or discards) a dead chunk: the
+      // toucher's stream is not its blocks' stream, and nothing reads it.
+      continue;
+    }
     const uint64_t sz = seg.chunkSize(i);
     if (on_device + sz > limits.budget) {
       // No room: the chunk stays in host RAM, mapped in place. A discarded
