@@ -2,8 +2,9 @@
 
     python -m bench.plot [RESULT.json ...]
 
-Without arguments: the newest JSON file of step_time and of oversubscribe in
-bench/results/. Needs matplotlib (``pip install -e '.[bench]'``).
+Without arguments: the newest JSON file of each benchmark (step_time, oversubscribe,
+residency-train, residency-infer) in bench/results/.
+Needs matplotlib (``pip install -e '.[bench]'``).
 """
 
 from __future__ import annotations
@@ -93,7 +94,64 @@ def plot_oversubscribe(record: dict[str, Any], dest: Path) -> None:
     plt.close(fig)
 
 
-PLOTTERS = {"step_time": plot_step_time, "oversubscribe": plot_oversubscribe}
+def plot_residency(record: dict[str, Any], dest: Path) -> None:
+    """bench.residency: median step seconds per mode (log scale), the PCIe floor as a
+    line, each bar labelled with its ratio to the floor; OOM / not run marked."""
+    plt = _pyplot()
+    summary = record["summary"]
+    floor = summary["floor_s"]
+    modes = list(summary["modes"])
+    rows = record.get("analysis", {}).get("modes", {})
+    fig, ax = plt.subplots(figsize=(1.3 * len(modes) + 3, 4.2))
+    values = [summary["modes"][m] for m in modes]
+    known = [v for v in values if v is not None]
+    bottom = min([*known, floor or 1.0]) / 2 if known else 1.0
+    bars = ax.bar(range(len(modes)), [v if v is not None else 0 for v in values], 0.6)
+    for i, (bar, mode, value) in enumerate(zip(bars, modes, values, strict=True)):
+        if value is None:
+            row = rows.get(mode, {})
+            text = "OOM" if row.get("oom") else "error" if row.get("errors") else "not run"
+            ax.annotate(text, (i, bottom * 1.1), ha="center", va="bottom", fontsize=8, color="red")
+            continue
+        label = f"{value:.3g} s" + (f"\n{value / floor:.2f}x floor" if floor else "")
+        ax.annotate(
+            label,
+            (bar.get_x() + bar.get_width() / 2, value),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    if floor:
+        ax.axhline(floor, color="black", linestyle="--", linewidth=1)
+        ax.annotate(
+            f"PCIe floor {floor:.3g} s",
+            (len(modes) - 0.5, floor),
+            ha="right",
+            va="bottom",
+            fontsize=8,
+        )
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=bottom)
+    ax.set_xticks(range(len(modes)), modes, rotation=15, fontsize=8)
+    ax.set_ylabel("step, median of rounds (s, log)")
+    settings = record["settings"]
+    ax.set_title(
+        f"GPT-2-style 1.28 B, {settings['workload']}, batch "
+        f"{' x '.join(map(str, settings['batch']))}, device budget "
+        f"{settings['budget_bytes'] / 2**30:.3g} GiB\n" + _title(record),
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(dest, dpi=120)
+    plt.close(fig)
+
+
+PLOTTERS = {
+    "step_time": plot_step_time,
+    "oversubscribe": plot_oversubscribe,
+    "residency-train": plot_residency,
+    "residency-infer": plot_residency,
+}
 
 
 def main(argv: list[str]) -> int:

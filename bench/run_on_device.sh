@@ -5,6 +5,7 @@
 #
 #   bash bench/run_on_device.sh                          # both, default settings
 #   bash bench/run_on_device.sh step_time --rounds 2     # one, with its options
+#   bash bench/run_on_device.sh residency train --rounds 1   # residency: train or infer
 #
 # Results (JSON) and logs go to $OUT (default .device/bench); copy the JSON to
 # bench/results/ and run `python -m bench.plot` there.
@@ -23,9 +24,16 @@ UM="$STAGE/site${STOCK:+:$STOCK}"
 run() {
   local bench=$1
   shift
-  echo "== bench.$bench"
+  case "$bench" in
+    step_time | oversubscribe | residency) ;;
+    *) echo "bench/run_on_device.sh: unknown benchmark '$bench' (step_time, oversubscribe, residency)" >&2; exit 2 ;;
+  esac
+  local log=$bench
+  # residency takes its workload (train or infer) first: one log each.
+  if [ "$bench" = residency ] && [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then log="$bench-$1"; fi
+  echo "== bench.$bench $*"
   "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" --um-pythonpath "$UM" --out "$OUT" "$@" \
-    2>&1 | tee "$OUT/$bench.log"
+    2>&1 | tee "$OUT/$log.log"
 }
 if [ "$#" -gt 0 ]; then
   run "$@"

@@ -557,8 +557,9 @@ def advise(obj: TensorsLike, advice: str, device: DeviceLike = None) -> int:
 # A touch brings the range to the device on the current stream, the least
 # recently used ranges leaving to make room (policy lru). Memory that is not
 # managed is ignored. A watcher thread, started when CUDA initialises, polls
-# torch_um_under_pressure() ten times a second and installs the hooks once it
-# says so, so that a job that fits never pays for them.
+# torch_um_under_pressure() ten times a second: the hooks are installed while
+# some device has managed data in host RAM and removed when none has, so that
+# a job that fits never pays for them.
 
 _hooks_installed = False
 _hook_handles: list[object] = []
@@ -587,11 +588,11 @@ def _touch(ranges: list[tuple[int, int, int]]) -> None:
         _lib.torch_um_touch(ctypes.c_void_p(ptr), size, dev, ctypes.c_void_p(stream))
 
 
-def _own_tensors(module: "Module") -> list[object]:
+def _own_tensors(module: Module) -> list[object]:
     return [*module._parameters.values(), *module._buffers.values()]
 
 
-def _pre_forward(module: "Module", args: object) -> None:
+def _pre_forward(module: Module, args: object) -> None:
     own = _own_tensors(module)
     if own:
         _touch(_ranges_of(own))
@@ -605,7 +606,7 @@ def _flat(obj: object) -> list[torch.Tensor]:
     return []
 
 
-def _post_forward(module: "Module", args: object, output: object) -> None:
+def _post_forward(module: Module, args: object, output: object) -> None:
     if not torch.is_grad_enabled():
         return
     outs = _flat(output)
@@ -633,6 +634,14 @@ def _install_hooks() -> None:
     _hooks_installed = True
 
 
+def _remove_hooks() -> None:
+    global _hooks_installed
+    while _hook_handles:
+        handle = _hook_handles.pop()
+        handle.remove()  # type: ignore[attr-defined]
+    _hooks_installed = False
+
+
 def _hooks_wanted() -> bool:
     cfg = get_config()
     return cfg.get("policy") == "lru" and cfg.get("hooks") == "True" and is_enabled()
@@ -647,10 +656,11 @@ def _watch_pressure() -> None:
     lib.torch_um_touch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 
     def watch() -> None:
-        while not lib.torch_um_under_pressure():
+        while True:
             time.sleep(0.1)
-        if _hooks_wanted():
-            _install_hooks()
+            wanted = bool(lib.torch_um_under_pressure()) and _hooks_wanted()
+            if wanted != _hooks_installed:
+                _install_hooks() if wanted else _remove_hooks()
 
     threading.Thread(target=watch, name="torch.cuda.um pressure watch", daemon=True).start()
 

@@ -107,6 +107,16 @@ const Engine::Segment* Engine::segmentOf(const void* ptr) const {
   return p < base + it->second.size ? &it->second : nullptr;
 }
 
+bool Engine::underPressure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    if (residency_.bytesOn(static_cast<int>(d), Where::Host) > 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void Engine::notePressure() {
   const ResidencyCounters& c = residency_.counters();
   if (c.evict_bytes + c.map_host_bytes + c.discard_bytes > 0) {

@@ -71,11 +71,10 @@ class Engine {
   // on `device`. Memory that is not an engine segment is ignored. Returns
   // the bytes asked to move.
   uint64_t touch(const void* ptr, size_t size, int device, cudaStream_t stream);
-  // True once any device ran out of budget (data was evicted or placed in
-  // host RAM): the Python layer installs its use-signal hooks only then.
-  bool underPressure() const {
-    return pressure_.load(std::memory_order_relaxed);
-  }
+  // True while some device has managed data in host RAM (evicted, or placed
+  // there past the budget): the Python layer's use-signal hooks are
+  // installed only then.
+  bool underPressure() const;
 
   cudaError_t advise(
       const void* ptr,

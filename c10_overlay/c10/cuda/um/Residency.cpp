@@ -91,6 +91,7 @@ void Residency::retouch(Segment& seg, size_t i) {
 
 void Residency::emit(
     std::vector<Action>& out,
+    uintptr_t segment,
     Action::Kind kind,
     uintptr_t addr,
     uint64_t size,
@@ -98,13 +99,15 @@ void Residency::emit(
     void* stream) {
   if (!out.empty()) {
     Action& last = out.back();
+    // Adjacent segments are separate allocations: one CUDA call per range
+    // must stay inside one of them.
     if (last.kind == kind && last.device == device && last.stream == stream &&
-        last.addr + last.size == addr) {
+        last.segment == segment && last.addr + last.size == addr) {
       last.size += size;
       return;
     }
   }
-  out.push_back(Action{kind, addr, size, device, stream});
+  out.push_back(Action{kind, addr, size, device, stream, segment});
 }
 
 void Residency::addSegment(
@@ -157,7 +160,7 @@ void Residency::addSegment(
     }
   }
   if (limits.can_act && policy == Policy::Lru) {
-    emit(out, Action::AdviseHost, base, size, device, stream);
+    emit(out, base, Action::AdviseHost, base, size, device, stream);
   }
   for (size_t i = 0; i < seg.chunks.size(); ++i) {
     Chunk& c = seg.chunks[i];
@@ -165,12 +168,12 @@ void Residency::addSegment(
       c.where = Where::Unplaced;
     } else if (i < on_dev) {
       c.where = Where::Device;
-      emit(out, Action::PlaceOnDevice, seg.chunkAddr(i), seg.chunkSize(i),
+      emit(out, seg.base, Action::PlaceOnDevice, seg.chunkAddr(i), seg.chunkSize(i),
            device, stream);
       counters_.place_bytes += seg.chunkSize(i);
     } else {
       c.where = Where::Host;
-        emit(out, Action::MapHost, seg.chunkAddr(i), seg.chunkSize(i), device,
+        emit(out, seg.base, Action::MapHost, seg.chunkAddr(i), seg.chunkSize(i), device,
            stream);
       counters_.map_host_bytes += seg.chunkSize(i);
     }
@@ -215,12 +218,12 @@ uint64_t Residency::makeRoom(
     Chunk& c = seg->chunks[i];
     if (dead && limits.discard) {
       // In the stream order of the segment's blocks: after their last use.
-      emit(out, Action::Discard, addr, sz, device, seg->stream);
+      emit(out, seg->base, Action::Discard, addr, sz, device, seg->stream);
       counters_.discards += 1;
       counters_.discard_bytes += sz;
       c.discarded = true;
     } else {
-      emit(out, Action::EvictToHost, addr, sz, device, stream);
+      emit(out, seg->base, Action::EvictToHost, addr, sz, device, stream);
       counters_.evictions += 1;
       counters_.evict_bytes += sz;
     }
@@ -260,7 +263,7 @@ uint64_t Residency::bringIn(
       // one gets its pages there first (a GPU write into discarded pages
       // by faults costs seconds per GiB).
       if (c.discarded) {
-        emit(out, Action::PlaceOnHost, seg.chunkAddr(i), sz, seg.device,
+        emit(out, seg.base, Action::PlaceOnHost, seg.chunkAddr(i), sz, seg.device,
              stream);
         c.discarded = false;
       }
@@ -275,10 +278,10 @@ uint64_t Residency::bringIn(
     const bool discardable = seg.tracked && limits.discard &&
         (c.live == 0 || (dead_content && c.live == mine));
     if (discardable) {
-      emit(out, Action::DiscardAndPrefetch, clo, sz, seg.device, stream);
+      emit(out, seg.base, Action::DiscardAndPrefetch, clo, sz, seg.device, stream);
       counters_.reuse_bytes += sz;
     } else {
-      emit(out, Action::PrefetchToDevice, clo, sz, seg.device, stream);
+      emit(out, seg.base, Action::PrefetchToDevice, clo, sz, seg.device, stream);
       counters_.prefetch_bytes += sz;
     }
     setWhere(seg, i, Where::Device);
@@ -373,7 +376,7 @@ uint64_t Residency::touch(
     for (size_t i = first; i < last; ++i) {
       setWhere(*seg, i, Where::Host);
     }
-    emit(out, Action::PrefetchToDevice, addr, hi - addr, device, stream);
+    emit(out, seg->base, Action::PrefetchToDevice, addr, hi - addr, device, stream);
     counters_.prefetch_bytes += hi - addr;
     return hi - addr;
   }
@@ -426,13 +429,13 @@ uint64_t Residency::evict(
     }
     const uint64_t sz = seg->chunkSize(i);
     if (seg->dead(i) && limits.discard) {
-      emit(out, Action::Discard, seg->chunkAddr(i), sz, seg->device,
+      emit(out, seg->base, Action::Discard, seg->chunkAddr(i), sz, seg->device,
            seg->stream);
       counters_.discards += 1;
       counters_.discard_bytes += sz;
       c.discarded = true;
     } else {
-      emit(out, Action::EvictToHost, seg->chunkAddr(i), sz, seg->device,
+      emit(out, seg->base, Action::EvictToHost, seg->chunkAddr(i), sz, seg->device,
            stream);
       counters_.evictions += 1;
       counters_.evict_bytes += sz;

@@ -82,6 +82,7 @@ struct Action {
   uint64_t size;
   int device;
   void* stream; // cudaStream_t, opaque here
+  uintptr_t segment = 0; // base of the segment: ranges never span two
 };
 
 const char* actionName(Action::Kind k);
@@ -243,6 +244,7 @@ class Residency {
       std::vector<Action>& out);
   void emit(
       std::vector<Action>& out,
+      uintptr_t segment,
       Action::Kind kind,
       uintptr_t addr,
       uint64_t size,

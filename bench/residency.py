@@ -1,0 +1,535 @@
+"""A model that does not fit under the device budget: GPT-2-style 1.28 B parameters, bf16,
+trained (``train``) or run forward (``infer``) by stock torch, by torch +um with the
+residency engine, and by the peers that fit the same budget by other means.
+
+    python -m bench.residency {train,infer} --stock-pythonpath STOCK --um-pythonpath UM
+        [--rounds 2] [--steps 10] [--warmup 2] [--budget SIZE] [--modes a,b,...] [--out DIR]
+
+The model: ``GPT2LMHeadModel(GPT2Config(n_layer=24, n_embd=2048, n_head=16,
+vocab_size=32000, n_positions=1024))`` with dropout 0 and no KV cache, built in bf16 on the
+CPU from a fixed seed (no weights are downloaded) and moved to the GPU, so that every mode
+starts from the same weights and stock and +um losses and outputs can be compared.
+
+``train`` (AdamW, batch 4 x 1024 random tokens, loss = model(ids, labels=ids).loss; default
+budget 8 GiB), modes:
+  stock               stock torch, in memory, no limit
+  um-nobudget         +um, device_budget 100 %
+  um-static           +um, policy static, device_budget BUDGET
+  um                  +um, policy lru, device_budget BUDGET
+  fsdp2-offload-ckpt  stock torch, single-process FSDP2 (fully_shard per GPT2Block and root,
+                      CPUOffloadPolicy), HF gradient checkpointing, memory fraction BUDGET/total
+  stock-fraction      stock torch at memory fraction BUDGET/total (expected: out of memory)
+``infer`` (forward of batch 8 x 512 under torch.inference_mode; default budget 2 GiB), modes:
+  stock, um-static, um, and
+  accelerate          stock torch, accelerate.dispatch_model(model, infer_auto_device_map(
+                      model, max_memory={0: BUDGET, "cpu": "200GiB"},
+                      no_split_module_classes=["GPT2Block"])), the model built on the CPU
+
+Every mode is a worker process of its own, alternating over rounds (the order rotates each
+round); a worker times WARMUP + STEPS steps, each between two torch.cuda.synchronize() calls,
+and its median over the STEPS timed ones is one sample. A UM worker reads free GPU memory
+first and sets the engine's total-managed cap to 80 % of it (bench/common.py: safe_cap), with
+its budget and policy, before any CUDA allocation. A worker that runs out of memory records
+``{"oom": true}``; any other failure, a crash or a timeout is an ``error`` sample; neither
+stops the run.
+
+The PCIe floor. A ``link`` worker (stock torch, plain cudaMalloc) measures page-locked copies
+of 1 GiB, best of 3: ``h2d`` and ``d2h`` in bytes/s. With ``peak`` the stock in-memory run's
+torch.cuda.max_memory_allocated() and ``over = max(0, peak - budget)``:
+
+    train: floor_s = max(stock_s, over / min(h2d, d2h))
+           (over bytes leave the GPU and come back every step: 2 x over bytes, both
+           directions at once, full duplex, so the slower direction bounds it)
+    infer: floor_s = max(stock_s, over / h2d)
+           (over bytes come in once per forward)
+
+with ``stock_s`` the median seconds of the ``stock`` mode. Printed per mode: its median step
+seconds (median over rounds of the per-worker medians; null when it ran out of memory), its
+ratio to ``um-static`` and to the floor, and its agreement with stock: the largest absolute
+difference of the per-step losses (train) or the relative difference of the logits checksum,
+float(logits.float().sum()) of the fixed input (infer).
+
+The record, ``<out>/residency-<train|infer>-<gpu>-<date>.json``: command, machine, the +um
+torch and engine, settings, ``summary`` = ``{"floor_s": ..., "modes": {<mode>: median seconds
+or null}}`` (every mode name of the workload; null also where a mode was not run or failed),
+``analysis`` (the floor's inputs, the ratios, the agreement, OOMs and errors) and every sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import resource
+import socket
+import statistics
+import subprocess
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    BenchError,
+    GiB,
+    command_line,
+    emit,
+    machine,
+    run_main,
+    run_worker,
+    safe_cap,
+    um_module,
+    write,
+)
+
+MODES: dict[str, tuple[str, ...]] = {
+    "train": ("stock", "um-nobudget", "um-static", "um", "fsdp2-offload-ckpt", "stock-fraction"),
+    "infer": ("stock", "um-static", "um", "accelerate"),
+}
+UM_MODES = ("um-nobudget", "um-static", "um")
+DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB"}
+BATCH = {"train": (4, 1024), "infer": (8, 512)}
+LINK = "link"  # the pinned-copy worker
+LINK_BYTES = GiB
+MODULE = "bench.residency"
+UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": GiB, "t": 1 << 40}
+
+
+# ---------------------------------------------------------------- pure parts (unit tested)
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``8GiB``, ``1.5G``, ``512MB``, ``4096`` (binary units, like the engine's)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if m is None or float(m[1]) <= 0 or (m[3] and not m[2] and m[3] != "b"):
+        raise BenchError(f"not a size: {text!r} (examples: 8GiB, 1.5G, 512MiB)")
+    return int(float(m[1]) * UNITS[m[2]])
+
+
+def floor_seconds(
+    workload: str, stock_s: float | None, peak: int | None, budget: int, h2d: float, d2h: float
+) -> float | None:
+    """The PCIe floor (module docstring); None without a stock in-memory time."""
+    if stock_s is None or peak is None:
+        return None
+    over = max(0, peak - budget)
+    link = min(h2d, d2h) if workload == "train" else h2d
+    return max(stock_s, over / link) if link > 0 else None
+
+
+def _ok(sample: dict[str, Any]) -> bool:
+    return not sample.get("oom") and "error" not in sample
+
+
+def mode_seconds(samples: list[dict[str, Any]], mode: str) -> float | None:
+    """Median over the mode's workers of their median step seconds; None if none ran
+    to the end (out of memory, error, or not run)."""
+    values = [s["median_s"] for s in samples if s["mode"] == mode and _ok(s)]
+    return statistics.median(values) if values else None
+
+
+def agreement(workload: str, ref: dict[str, Any] | None, sample: dict[str, Any]) -> float | None:
+    """How far a sample's outputs are from the stock reference: train, the largest absolute
+    difference of the per-step losses; infer, the largest relative difference of the logits
+    checksums (step by step)."""
+    if ref is None or not _ok(sample):
+        return None
+    key = "losses" if workload == "train" else "checksums"
+    pairs = list(zip(ref[key], sample[key], strict=False))
+    if not pairs:
+        return None
+    if workload == "train":
+        return float(max(abs(a - b) for a, b in pairs))
+    return float(max(abs(b - a) / abs(a) if a else abs(b - a) for a, b in pairs))
+
+
+def summarize(
+    workload: str, samples: list[dict[str, Any]], budget: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(summary, analysis). summary = {"floor_s", "modes": {mode: median s or None}} over
+    every mode of the workload; analysis: the floor's inputs, per mode the ratios to
+    um-static and to the floor, the agreement with stock, and OOMs / errors."""
+    modes = {m: mode_seconds(samples, m) for m in MODES[workload]}
+    stock_runs = [s for s in samples if s["mode"] == "stock" and _ok(s)]
+    ref = stock_runs[0] if stock_runs else None
+    peak = max((s["max_allocated_bytes"] for s in stock_runs), default=None)
+    links = [s for s in samples if s["mode"] == LINK and _ok(s)]
+    h2d = max((s["h2d_bytes_per_s"] for s in links), default=0.0)
+    d2h = max((s["d2h_bytes_per_s"] for s in links), default=0.0)
+    floor = floor_seconds(workload, modes["stock"], peak, budget, h2d, d2h)
+    static = modes.get("um-static")
+    rows: dict[str, Any] = {}
+    for mode, sec in modes.items():
+        runs = [s for s in samples if s["mode"] == mode]
+        diffs = [d for s in runs if (d := agreement(workload, ref, s)) is not None]
+        firsts = [s["first_step_s"] for s in runs if _ok(s)]
+        rows[mode] = {
+            "seconds": sec,
+            "first_step_s": statistics.median(firsts) if firsts else None,
+            "per_um_static": sec / static if sec is not None and static else None,
+            "per_floor": sec / floor if sec is not None and floor else None,
+            "agreement": max(diffs) if diffs else None,
+            "runs": len(runs),
+            "oom": sum(1 for s in runs if s.get("oom")),
+            "errors": [s["error"] for s in runs if "error" in s],
+        }
+    analysis = {
+        "floor": {
+            "stock_s": modes["stock"],
+            "stock_peak_allocated_bytes": peak,
+            "budget_bytes": budget,
+            "over_budget_bytes": max(0, peak - budget) if peak is not None else None,
+            "h2d_bytes_per_s": h2d or None,
+            "d2h_bytes_per_s": d2h or None,
+            "formula": "max(stock_s, over / min(h2d, d2h))"
+            if workload == "train"
+            else "max(stock_s, over / h2d)",
+        },
+        "agreement_metric": "max abs loss difference per step"
+        if workload == "train"
+        else "max relative difference of the logits checksum",
+        "modes": rows,
+        "link_errors": [s["error"] for s in samples if s["mode"] == LINK and "error" in s],
+    }
+    return {"floor_s": floor, "modes": modes}, analysis
+
+
+def _num(value: float | None, fmt: str) -> str:
+    """``format(value, fmt)``, or ``-`` in the same width for None."""
+    width = re.match(r"\d*", fmt)
+    return (
+        format(value, fmt) if value is not None else "-".rjust(int(width[0] or 0) if width else 0)
+    )
+
+
+def _last_line(text: str) -> str:
+    return (str(text).strip().splitlines() or ["?"])[-1][:200]
+
+
+def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> str:
+    """The printed table: per mode, seconds, ratios, agreement, and OOM / error notes."""
+    f = analysis["floor"]
+    gbs = [_num(f[k] and f[k] / 1e9, ".1f") for k in ("h2d_bytes_per_s", "d2h_bytes_per_s")]
+    lines = [
+        f"{workload}: budget {f['budget_bytes'] / GiB:.2f} GiB, stock peak "
+        f"{_num(f['stock_peak_allocated_bytes'] and f['stock_peak_allocated_bytes'] / GiB, '.2f')}"
+        f" GiB, over budget {_num(f['over_budget_bytes'] and f['over_budget_bytes'] / GiB, '.2f')}"
+        f" GiB, pinned h2d/d2h {gbs[0]}/{gbs[1]} GB/s",
+        f"PCIe floor = {f['formula']} = {_num(summary['floor_s'], '.4f')} s",
+        f"{'mode':20s}{'step s':>10s}{'first s':>10s}{'/um-static':>12s}{'/floor':>9s}"
+        f"{'vs stock':>12s}  note",
+    ]
+    for mode, row in analysis["modes"].items():
+        note = []
+        if row["oom"]:
+            note.append(f"OOM in {row['oom']}/{row['runs']}")
+        if row["errors"]:
+            note.append(f"{len(row['errors'])} error(s): " + _last_line(row["errors"][0]))
+        if not row["runs"]:
+            note.append("not run")
+        lines.append(
+            f"{mode:20s}{_num(row['seconds'], '10.4f')}{_num(row['first_step_s'], '10.3f')}"
+            f"{_num(row['per_um_static'], '12.3f')}{_num(row['per_floor'], '9.2f')}"
+            f"{_num(row['agreement'], '12.3g')}  {'; '.join(note)}"
+        )
+    return "\n".join(lines)
+
+
+def describe(s: dict[str, Any]) -> str:
+    """One line per finished worker."""
+    head = f"{s.get('mode', '?'):20s}"
+    if s.get("oom"):
+        return head + " out of memory"
+    if "error" in s:
+        return head + " ERROR " + _last_line(s["error"])
+    if s["mode"] == LINK:
+        h2d, d2h = s["h2d_bytes_per_s"] / 1e9, s["d2h_bytes_per_s"] / 1e9
+        return head + f" pinned h2d {h2d:.1f} GB/s, d2h {d2h:.1f} GB/s"
+    return head + f" {s['median_s']:.4f} s/step (first {s['first_step_s']:.3f} s)"
+
+
+def selected_modes(workload: str, text: str | None) -> list[str]:
+    if text is None:
+        return list(MODES[workload])
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES[workload]]
+    if bad or not modes:
+        raise BenchError(f"--modes {text!r}: {workload} modes are {', '.join(MODES[workload])}")
+    return modes
+
+
+# ---------------------------------------------------------------- workers (need a GPU)
+
+
+def _oom_type(torch: Any) -> Any:
+    return getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+
+
+def _build_model(torch: Any, workload: str) -> Any:
+    """The 1.28 B model in bf16 on the CPU, the same weights in every mode."""
+    transformers = importlib.import_module("transformers")
+    config = transformers.GPT2Config(
+        n_layer=24,
+        n_embd=2048,
+        n_head=16,
+        vocab_size=32000,
+        n_positions=1024,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+    )
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = transformers.GPT2LMHeadModel(config)
+    finally:
+        torch.set_default_dtype(default)
+    model = model.to(torch.bfloat16)
+    return model.train() if workload == "train" else model.eval()
+
+
+def _tokens(torch: Any, workload: str) -> Any:
+    batch, seq = BATCH[workload]
+    gen = torch.Generator().manual_seed(1234)
+    return torch.randint(0, 32000, (batch, seq), generator=gen)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _link_worker(torch: Any) -> dict[str, Any]:
+    """Page-locked copies of 1 GiB each way, best of 3 (plain cudaMalloc: stock torch)."""
+    um_module(torch, "stock")
+    host = torch.empty(LINK_BYTES, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(LINK_BYTES, dtype=torch.uint8, device="cuda")
+    best = {"h2d": float("inf"), "d2h": float("inf")}
+    for attempt in range(4):  # attempt 0 warms up
+        for key, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            if attempt > 0:
+                best[key] = min(best[key], time.perf_counter() - t0)
+    return {
+        "bytes": LINK_BYTES,
+        "h2d_bytes_per_s": LINK_BYTES / best["h2d"],
+        "d2h_bytes_per_s": LINK_BYTES / best["d2h"],
+    }
+
+
+def _run(torch: Any, mode: str, workload: str, steps: int, warmup: int, budget: int) -> Any:
+    """Set up the mode, run WARMUP + STEPS steps, return the worker's record fields."""
+    um = um_module(torch, mode if mode in UM_MODES else "stock")
+    free, total, cap = safe_cap(torch)  # before any CUDA allocation
+    info: dict[str, Any] = {"free_at_start": free, "total": total, "cap": None}
+    if um is not None:
+        conf = {"um-nobudget": "", "um-static": "policy:static", "um": "policy:lru"}[mode]
+        size: int | str = "100%" if mode == "um-nobudget" else budget
+        um.configure(conf, enabled=True, max_managed=cap, device_budget=size)
+        info["cap"] = cap
+        info["um_config"] = um.get_config()
+    if mode in ("stock-fraction", "fsdp2-offload-ckpt"):
+        info["memory_fraction"] = budget / total
+        torch.cuda.set_per_process_memory_fraction(budget / total, 0)
+    torch.cuda.set_device(0)
+    model = _build_model(torch, workload)
+    ids_cpu = _tokens(torch, workload)
+    if mode == "fsdp2-offload-ckpt":
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1"
+        )
+        dist = importlib.import_module("torch.distributed")
+        fsdp = importlib.import_module("torch.distributed.fsdp")
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl", rank=0, world_size=1)
+        for block in model.transformer.h:
+            fsdp.fully_shard(block, offload_policy=fsdp.CPUOffloadPolicy())
+        fsdp.fully_shard(model, offload_policy=fsdp.CPUOffloadPolicy())
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif mode == "accelerate":
+        accelerate = importlib.import_module("accelerate")
+        device_map = accelerate.infer_auto_device_map(
+            model, max_memory={0: budget, "cpu": "200GiB"}, no_split_module_classes=["GPT2Block"]
+        )
+        model = accelerate.dispatch_model(model, device_map=device_map)
+        info["device_map"] = {k: str(v) for k, v in device_map.items()}
+    else:
+        model = model.to("cuda")
+    ids = ids_cpu.to("cuda")
+    values: list[float] = []
+    times: list[float] = []
+    if workload == "train":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for _ in range(warmup + steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            values.append(float(loss.detach().float()))
+    else:
+        with torch.inference_mode():
+            for _ in range(warmup + steps):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                logits = model(ids).logits
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+                values.append(float(logits.float().sum()))
+                del logits
+    info.update(
+        times_s=times,
+        first_step_s=times[0],
+        median_s=statistics.median(times[warmup:] or times),
+        max_allocated_bytes=int(torch.cuda.max_memory_allocated()),
+        max_reserved_bytes=int(torch.cuda.max_memory_reserved()),
+    )
+    info["losses" if workload == "train" else "checksums"] = values
+    if um is not None:
+        stats = um.stats()
+        if stats.get("um.managed_bytes", 0) <= 0:
+            raise BenchError(f"mode {mode}: no managed bytes after the run")
+        info["um_stats"] = stats
+    if mode == "fsdp2-offload-ckpt":
+        importlib.import_module("torch.distributed").destroy_process_group()
+    return info
+
+
+def worker(mode: str, workload: str, steps: int, warmup: int, budget: int) -> None:
+    """One measurement; always emits one record (an OOM or an error included)."""
+    base = {"mode": mode, "workload": workload, "budget": budget}
+    torch: Any = None
+    try:
+        torch = importlib.import_module("torch")
+        base["machine"] = machine(torch)
+        if mode == LINK:
+            fields = _link_worker(torch)
+        else:
+            fields = _run(torch, mode, workload, steps, warmup, budget)
+        fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        emit({**base, **fields})
+    except Exception as e:  # the orchestrator reports every failure
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if torch is not None and isinstance(e, _oom_type(torch)):
+            emit({**base, "oom": True, "message": str(e)[:2000], "peak_host_rss_bytes": rss})
+        else:
+            emit({**base, "error": traceback.format_exc()[-4000:], "peak_host_rss_bytes": rss})
+
+
+# ---------------------------------------------------------------- orchestrator
+
+
+def _safe_worker(
+    mode: str, args: list[str], pythonpath: str | None, timeout: int
+) -> dict[str, Any]:
+    """run_worker, with a crash or a timeout turned into an error sample."""
+    try:
+        res: dict[str, Any] = run_worker(MODULE, ["--mode", mode, *args], pythonpath, timeout)
+        return res
+    except subprocess.TimeoutExpired:
+        return {"mode": mode, "error": f"timed out after {timeout} s"}
+    except (BenchError, json.JSONDecodeError) as e:
+        return {"mode": mode, "error": str(e)}
+
+
+def run_all(
+    workload: str,
+    modes: list[str],
+    worker_args: list[str],
+    rounds: int,
+    paths: dict[str, str | None],
+    timeout: int,
+) -> list[dict[str, Any]]:
+    """The link worker once, then every mode once per round, the order rotating."""
+    samples = [_safe_worker(LINK, [workload], paths["stock"], timeout)]
+    print(describe(samples[0]), flush=True)
+    for r in range(rounds):
+        shift = r % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
+            path = paths["um"] if mode in UM_MODES else paths["stock"]
+            res = _safe_worker(mode, [workload, *worker_args], path, timeout)
+            res.setdefault("mode", mode)
+            print(f"round {r + 1}/{rounds} {describe(res)}", flush=True)
+            samples.append(res)
+    return samples
+
+
+def record(
+    workload: str, samples: list[dict[str, Any]], settings: dict[str, Any]
+) -> dict[str, Any]:
+    """What bench.common.write stores: like bench.common.save, but tolerant of modes that
+    did not run or failed (their samples carry no machine)."""
+    summary, analysis = summarize(workload, samples, settings["budget_bytes"])
+    stock = [s for s in samples if "machine" in s and s["mode"] not in UM_MODES]
+    um = [s for s in samples if "machine" in s and s["mode"] in UM_MODES]
+    any_machine = [s for s in samples if "machine" in s]
+    if not any_machine:
+        raise BenchError("no worker got as far as CUDA:\n" + describe(samples[-1]))
+    return {
+        "command": command_line(MODULE),
+        "machine": (stock or any_machine)[0]["machine"],
+        "um_torch": um[0]["machine"]["torch"] if um else None,
+        "um_engine": um[0]["machine"]["um_engine"] if um else None,
+        "settings": settings,
+        "summary": summary,
+        "analysis": analysis,
+        "samples": [{k: v for k, v in s.items() if k != "machine"} for s in samples],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
+    ap.add_argument("workload", choices=tuple(MODES))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--modes", default=None, help="comma-separated subset (default: all)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per worker")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    ap.add_argument("--budget", default=None, help="device budget (train 8GiB, infer 2GiB)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per worker")
+    ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
+    ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
+    ap.add_argument("--out", default=None, help="results folder (default bench/results)")
+    a = ap.parse_args(argv)
+    budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload]) // 4096 * 4096
+    if a.worker:
+        worker(a.mode, a.workload, a.steps, a.warmup, budget)
+        return 0
+    modes = selected_modes(a.workload, a.modes)
+    if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
+        raise BenchError("--rounds and --steps must be at least 1, --warmup at least 0")
+    worker_args = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--budget", str(budget)]
+    paths = {"stock": a.stock_pythonpath, "um": a.um_pythonpath}
+    samples = run_all(a.workload, modes, worker_args, a.rounds, paths, a.timeout)
+    settings = {
+        "workload": a.workload,
+        "modes": modes,
+        "rounds": a.rounds,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "budget_bytes": budget,
+        "batch": list(BATCH[a.workload]),
+        "link_bytes": LINK_BYTES,
+    }
+    rec = record(a.workload, samples, settings)
+    print("\n" + table(a.workload, rec["summary"], rec["analysis"]))
+    print("summary: " + json.dumps(rec["summary"]))
+    path = write(f"residency-{a.workload}", rec, Path(a.out) if a.out else None)
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main("residency", main)
