@@ -85,10 +85,26 @@ from bench.common import (
 )
 
 MODES: dict[str, tuple[str, ...]] = {
-    "train": ("stock", "um-nobudget", "um-static", "um", "fsdp2-offload-ckpt", "stock-fraction"),
-    "infer": ("stock", "um-static", "um", "accelerate"),
+    "train": (
+        "stock",
+        "um-nobudget",
+        "um-static",
+        "um",
+        "um-nohooks",
+        "fsdp2-offload-ckpt",
+        "stock-fraction",
+    ),
+    "infer": ("stock", "um-static", "um", "um-nohooks", "accelerate"),
 }
-UM_MODES = ("um-nobudget", "um-static", "um")
+UM_MODES = ("um-nobudget", "um-static", "um", "um-nohooks")
+# The engine's settings per UM mode (um-nohooks: the residency policy driven by the
+# allocator's block events alone, without torch.cuda.um's module hooks).
+UM_CONF = {
+    "um-nobudget": "",
+    "um-static": "policy:static",
+    "um": "policy:lru,hooks:True",
+    "um-nohooks": "policy:lru,hooks:False",
+}
 DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB"}
 BATCH = {"train": (4, 1024), "infer": (8, 512)}
 LINK = "link"  # the pinned-copy worker
@@ -247,7 +263,16 @@ def describe(s: dict[str, Any]) -> str:
     if s["mode"] == LINK:
         h2d, d2h = s["h2d_bytes_per_s"] / 1e9, s["d2h_bytes_per_s"] / 1e9
         return head + f" pinned h2d {h2d:.1f} GB/s, d2h {d2h:.1f} GB/s"
-    return head + f" {s['median_s']:.4f} s/step (first {s['first_step_s']:.3f} s)"
+    line = head + f" {s['median_s']:.4f} s/step (first {s['first_step_s']:.3f} s)"
+    st = s.get("um_stats") or {}
+    if st:
+        gb = {k: st.get(f"um.{k}", 0) / 1e9 for k in ("evict_bytes", "discard_bytes",
+                                                      "touch_prefetch_bytes", "reuse_bytes",
+                                                      "map_host_bytes")}
+        line += " | " + ", ".join(f"{k} {v:.1f} GB" for k, v in gb.items())
+        line += f", executor {st.get('um.executor_ns', 0) / 1e9:.2f} s"
+        line += f", failures {st.get('um.executor_failures', 0)}"
+    return line
 
 
 def selected_modes(workload: str, text: str | None) -> list[str]:
@@ -281,14 +306,30 @@ def _build_model(torch: Any, workload: str) -> Any:
         attn_pdrop=0.0,
         use_cache=False,
     )
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        model = transformers.GPT2LMHeadModel(config)
-    finally:
-        torch.set_default_dtype(default)
-    model = model.to(torch.bfloat16)
+    # Initialising 1.28 B parameters on the CPU takes about a minute: the first worker
+    # of a run saves the weights, the others map them (same bytes in every mode).
+    cache = Path(os.environ.get("TORCH_UM_BENCH_WEIGHTS", "/tmp/torch-um-bench-gpt2-1.28b.pt"))
+    model = None
+    if cache.is_file():
+        with torch.device("meta"):
+            model = transformers.GPT2LMHeadModel(config)
+        state = torch.load(cache, mmap=True, weights_only=True)
+        model.load_state_dict(state, assign=True)
+        model.tie_weights()
+        if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+            model = None  # a buffer the state dict does not hold: build it for real
+    if model is None:
+        torch.manual_seed(0)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            model = transformers.GPT2LMHeadModel(config)
+        finally:
+            torch.set_default_dtype(default)
+        model = model.to(torch.bfloat16)
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
+        torch.save(model.state_dict(), partial)
+        os.replace(partial, cache)
     return model.train() if workload == "train" else model.eval()
 
 
@@ -331,7 +372,7 @@ def _run(torch: Any, mode: str, workload: str, steps: int, warmup: int, budget: 
     free, total, cap = safe_cap(torch)  # before any CUDA allocation
     info: dict[str, Any] = {"free_at_start": free, "total": total, "cap": None}
     if um is not None:
-        conf = {"um-nobudget": "", "um-static": "policy:static", "um": "policy:lru"}[mode]
+        conf = UM_CONF[mode]
         size: int | str = "100%" if mode == "um-nobudget" else budget
         um.configure(conf, enabled=True, max_managed=cap, device_budget=size)
         info["cap"] = cap

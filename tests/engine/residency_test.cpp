@@ -45,6 +45,7 @@ struct Sim {
   DeviceLimits lim;
   std::map<uintptr_t, Phys> phys; // chunk address -> pages
   std::map<uintptr_t, uint64_t> csize; // chunk address -> bytes
+  std::map<uintptr_t, uint64_t> evicted_by; // chunk -> its last eviction batch
   uintptr_t next_base = 1ull << 36; // for segments of trainingLoop
   std::map<uintptr_t, uint64_t> live; // block addr -> size
   std::map<uintptr_t, uint64_t> segs; // segment base -> size
@@ -76,6 +77,16 @@ struct Sim {
       for (uintptr_t c = a.addr; c < a.addr + a.size; c += kChunkBytes) {
         CHECK(phys.count(c), "action %s on unknown chunk", actionName(a.kind));
         const uintptr_t hi = std::min<uintptr_t>(c + kChunkBytes, a.addr + a.size);
+        if (a.kind == Action::Discard || a.kind == Action::DiscardAndPrefetch ||
+            a.kind == Action::PlaceOnHost) {
+          // Never discard pages whose eviction may still be in flight.
+          CHECK(a.fence >= evicted_by[c], "%s not fenced after eviction batch %llu",
+                actionName(a.kind), (unsigned long long)evicted_by[c]);
+        }
+        if (a.kind == Action::EvictToHost) {
+          CHECK(a.fence > evicted_by[c], "eviction without a new batch number");
+          evicted_by[c] = a.fence;
+        }
         switch (a.kind) {
           case Action::Discard:
             CHECK(!overlapsLive(c, hi, 0), "discard of a live chunk");

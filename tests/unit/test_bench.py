@@ -157,6 +157,7 @@ def test_residency_summary_train() -> None:
         "um-nobudget": None,  # not run
         "um-static": 4.0,
         "um": 1.5,
+        "um-nohooks": None,  # not run
         "fsdp2-offload-ckpt": None,  # error
         "stock-fraction": None,  # out of memory
     }
@@ -181,7 +182,13 @@ def test_residency_summary_infer_without_stock_has_no_floor() -> None:
     summary, analysis = residency.summarize("infer", samples, 2 * GIB)
     assert summary == {
         "floor_s": None,
-        "modes": {"stock": None, "um-static": None, "um": 0.5, "accelerate": 0.2},
+        "modes": {
+            "stock": None,
+            "um-static": None,
+            "um": 0.5,
+            "um-nohooks": None,
+            "accelerate": 0.2,
+        },
     }
     assert analysis["modes"]["um"]["per_floor"] is None
     assert analysis["modes"]["um"]["agreement"] is None
@@ -189,7 +196,13 @@ def test_residency_summary_infer_without_stock_has_no_floor() -> None:
 
 
 def test_residency_selected_modes() -> None:
-    assert residency.selected_modes("infer", None) == ["stock", "um-static", "um", "accelerate"]
+    assert residency.selected_modes("infer", None) == [
+        "stock",
+        "um-static",
+        "um",
+        "um-nohooks",
+        "accelerate",
+    ]
     assert residency.selected_modes("train", "um, stock") == ["um", "stock"]
     with pytest.raises(common.BenchError, match="train modes are"):
         residency.selected_modes("train", "accelerate")

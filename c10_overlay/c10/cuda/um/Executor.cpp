@@ -195,13 +195,19 @@ void Executor::run(
         case Action::Discard: {
           // A discard must not race the side stream's prefetch of the same
           // pages (undefined behaviour): wait for what it has queued.
-          Side& s = side(a.device);
-          {
+          // A discard must not race the side stream's eviction of the same
+          // pages (undefined behaviour): wait for the batch that moved them,
+          // if any did (Note [Eviction fences]).
+          if (a.fence > 0) {
+            Side& s = side(a.device);
             std::lock_guard<std::mutex> lock(s.mu);
-            if (s.used) {
+            const size_t slot = a.fence % Side::kRing;
+            if (s.ring_seq[slot] == a.fence) {
+              e = cudaStreamWaitEvent(stream, s.ring[slot], 0);
+            } else if (s.used) {
               e = cudaStreamWaitEvent(stream, s.done, 0);
-              ++calls;
             }
+            ++calls;
           }
           if (e == cudaSuccess) {
             const int to =
@@ -257,7 +263,16 @@ void Executor::run(
             e = cudaEventRecord(s.done, s.stream);
             s.used = true;
           }
-          calls += 4;
+          const size_t slot = a.fence % Side::kRing;
+          if (e == cudaSuccess && s.ring[slot] == nullptr) {
+            DeviceGuard guard(a.device);
+            e = cudaEventCreateWithFlags(&s.ring[slot], cudaEventDisableTiming);
+          }
+          if (e == cudaSuccess) {
+            e = cudaEventRecord(s.ring[slot], s.stream);
+            s.ring_seq[slot] = a.fence;
+          }
+          calls += 5;
           break;
         }
       }

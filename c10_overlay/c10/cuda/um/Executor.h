@@ -61,6 +61,12 @@ class Executor {
     cudaEvent_t ready = nullptr; // recorded on the toucher's stream
     cudaEvent_t done = nullptr; // recorded on the side stream
     bool used = false;
+    // Note [Eviction fences]: the event after each eviction batch, by batch
+    // number modulo kRing; a batch older than the ring is long done or, at
+    // worst, covered by waiting for `done`.
+    static constexpr size_t kRing = 64;
+    cudaEvent_t ring[kRing] = {};
+    uint64_t ring_seq[kRing] = {};
   };
   Side& side(int device);
   bool ensureSide(Side& s, int device);

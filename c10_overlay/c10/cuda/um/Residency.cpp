@@ -96,7 +96,8 @@ void Residency::emit(
     uintptr_t addr,
     uint64_t size,
     int device,
-    void* stream) {
+    void* stream,
+    uint64_t fence) {
   if (!out.empty()) {
     Action& last = out.back();
     // Adjacent segments are separate allocations: one CUDA call per range
@@ -104,10 +105,19 @@ void Residency::emit(
     if (last.kind == kind && last.device == device && last.stream == stream &&
         last.segment == segment && last.addr + last.size == addr) {
       last.size += size;
+      last.fence = std::max(last.fence, fence);
       return;
     }
   }
-  out.push_back(Action{kind, addr, size, device, stream, segment});
+  out.push_back(Action{kind, addr, size, device, stream, segment, fence});
+}
+
+uint64_t Residency::evictionBatch() {
+  if (evict_seq_tick_ != tick_ || evict_seq_ == 0) {
+    ++evict_seq_;
+    evict_seq_tick_ = tick_;
+  }
+  return evict_seq_;
 }
 
 void Residency::addSegment(
@@ -218,12 +228,15 @@ uint64_t Residency::makeRoom(
     Chunk& c = seg->chunks[i];
     if (dead && limits.discard) {
       // In the stream order of the segment's blocks: after their last use.
-      emit(out, seg->base, Action::Discard, addr, sz, device, seg->stream);
+      emit(out, seg->base, Action::Discard, addr, sz, device, seg->stream,
+           c.evicted_in);
       counters_.discards += 1;
       counters_.discard_bytes += sz;
       c.discarded = true;
     } else {
-      emit(out, seg->base, Action::EvictToHost, addr, sz, device, stream);
+      c.evicted_in = evictionBatch();
+      emit(out, seg->base, Action::EvictToHost, addr, sz, device, stream,
+           c.evicted_in);
       counters_.evictions += 1;
       counters_.evict_bytes += sz;
     }
@@ -263,8 +276,8 @@ uint64_t Residency::bringIn(
       // one gets its pages there first (a GPU write into discarded pages
       // by faults costs seconds per GiB).
       if (c.discarded) {
-        emit(out, seg.base, Action::PlaceOnHost, seg.chunkAddr(i), sz, seg.device,
-             stream);
+        emit(out, seg.base, Action::PlaceOnHost, seg.chunkAddr(i), sz,
+             seg.device, stream, c.evicted_in);
         c.discarded = false;
       }
       continue;
@@ -278,7 +291,8 @@ uint64_t Residency::bringIn(
     const bool discardable = seg.tracked && limits.discard &&
         (c.live == 0 || (dead_content && c.live == mine));
     if (discardable) {
-      emit(out, seg.base, Action::DiscardAndPrefetch, clo, sz, seg.device, stream);
+      emit(out, seg.base, Action::DiscardAndPrefetch, clo, sz, seg.device,
+           stream, c.evicted_in);
       counters_.reuse_bytes += sz;
     } else {
       emit(out, seg.base, Action::PrefetchToDevice, clo, sz, seg.device, stream);
@@ -418,6 +432,7 @@ uint64_t Residency::evict(
   if (seg == nullptr || size == 0 || !limits.can_act) {
     return 0;
   }
+  ++tick_; // an operation of its own (eviction batch numbers follow ticks)
   const uintptr_t hi = std::min<uintptr_t>(addr + size, seg->base + seg->size);
   const size_t first = (addr - seg->base) / kChunkBytes;
   const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
@@ -430,13 +445,14 @@ uint64_t Residency::evict(
     const uint64_t sz = seg->chunkSize(i);
     if (seg->dead(i) && limits.discard) {
       emit(out, seg->base, Action::Discard, seg->chunkAddr(i), sz, seg->device,
-           seg->stream);
+           seg->stream, c.evicted_in);
       counters_.discards += 1;
       counters_.discard_bytes += sz;
       c.discarded = true;
     } else {
-      emit(out, seg->base, Action::EvictToHost, seg->chunkAddr(i), sz, seg->device,
-           stream);
+      c.evicted_in = evictionBatch();
+      emit(out, seg->base, Action::EvictToHost, seg->chunkAddr(i), sz,
+           seg->device, stream, c.evicted_in);
       counters_.evictions += 1;
       counters_.evict_bytes += sz;
     }

@@ -83,6 +83,11 @@ struct Action {
   int device;
   void* stream; // cudaStream_t, opaque here
   uintptr_t segment = 0; // base of the segment: ranges never span two
+  // Note [Eviction fences]: an EvictToHost carries the number of its
+  // eviction batch; a discard-type action carries the number of the last
+  // batch that evicted any of its pages (0: none), which the executor waits
+  // for. Discards of pages never evicted wait for nothing.
+  uint64_t fence = 0;
 };
 
 const char* actionName(Action::Kind k);
@@ -181,6 +186,7 @@ class Residency {
   struct Chunk {
     Where where = Where::Unplaced;
     bool discarded = false; // pages dropped: must be placed before a write
+    uint64_t evicted_in = 0; // eviction batch that last moved it to host
     uint32_t live = 0; // bytes of live blocks in this chunk
     uint64_t tick = 0; // last touch
   };
@@ -249,11 +255,16 @@ class Residency {
       uintptr_t addr,
       uint64_t size,
       int device,
-      void* stream);
+      void* stream,
+      uint64_t fence = 0);
+  // The number of the eviction batch of the current operation.
+  uint64_t evictionBatch();
 
   std::map<uintptr_t, Segment> segments_;
   std::vector<DeviceLru> devices_;
   uint64_t tick_ = 0;
+  uint64_t evict_seq_ = 0; // eviction batches so far
+  uint64_t evict_seq_tick_ = 0; // the operation (tick) of the last batch
   ResidencyCounters counters_;
 };
 
