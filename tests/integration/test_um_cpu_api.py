@@ -25,13 +25,18 @@ from .conftest import Build, Install, probe
 
 pytestmark = pytest.mark.integration
 
-KEYS = "Keys: enabled, max_managed, device_budget, host_headroom, prefetch."
+KEYS = (
+    "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks."
+)
+# The residency settings, unchanged by every configure() call below.
+RESIDENCY = {"policy": "lru", "discard": "True", "hooks": "True"}
 DEFAULTS = {
     "enabled": "True",
     "max_managed": "none",
     "device_budget": "90%",
     "host_headroom": str(2 << 30),
     "prefetch": "True",
+    **RESIDENCY,
 }
 
 
@@ -174,6 +179,7 @@ def test_configure_get_config_round_trip(api: dict[str, Any]) -> None:
         "device_budget": "50%",
         "host_headroom": str(1 << 30),
         "prefetch": "False",
+        **RESIDENCY,
     }
     assert api["text"] == {
         "enabled": "False",
@@ -181,6 +187,7 @@ def test_configure_get_config_round_trip(api: dict[str, Any]) -> None:
         "device_budget": str(70 << 30),
         "host_headroom": str(512 << 20),
         "prefetch": "True",
+        **RESIDENCY,
     }
     assert api["enabled_after_text"] is False
     assert api["setters"] == {
@@ -189,6 +196,7 @@ def test_configure_get_config_round_trip(api: dict[str, Any]) -> None:
         "device_budget": "12.5%",
         "host_headroom": str(3 << 29),
         "prefetch": "True",
+        **RESIDENCY,
     }
     assert api["reset"] == {**api["setters"], "enabled": "True", "max_managed": "none"}
 
@@ -213,10 +221,11 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
 
 def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     stats = api["stats"]
-    assert stats["um.enabled"] == 1
-    assert len(stats) == 15 and all(isinstance(v, int) for v in stats.values())
-    assert {k: v for k, v in stats.items() if k != "um.enabled"} == dict.fromkeys(
-        (k for k in stats if k != "um.enabled"), 0
+    assert stats["um.enabled"] == 1 and stats["um.policy_lru"] == 1
+    assert len(stats) == 32 and all(isinstance(v, int) for v in stats.values())
+    flags = ("um.enabled", "um.policy_lru")
+    assert {k: v for k, v in stats.items() if k not in flags} == dict.fromkeys(
+        (k for k in stats if k not in flags), 0
     )
     assert api["stats_cpu_device"] is True
     assert api["is_managed"] is False

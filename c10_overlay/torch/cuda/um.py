@@ -119,6 +119,7 @@ class _Stats(ctypes.Structure):
             "executor_calls",
             "executor_failures",
             "executor_ns",
+            "evictor_ns",
         )
     ]
 

@@ -417,6 +417,7 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.executor_calls = ex.calls;
   s.executor_failures = ex.failures;
   s.executor_ns = ex.nanoseconds;
+  s.evictor_ns = ex.evictor_nanoseconds;
   return s;
 }
 

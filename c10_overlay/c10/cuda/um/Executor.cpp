@@ -122,6 +122,89 @@ void Executor::group(
   }
 }
 
+void Executor::enqueue(EvictJob job) {
+  std::call_once(evictor_once_, [this] {
+    sem_init(&queue_sem_, 0, 0);
+    std::thread([this] { evictorLoop(); }).detach();
+  });
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push_back(std::move(job));
+  }
+  sem_post(&queue_sem_);
+}
+
+void Executor::evictorLoop() {
+  for (;;) {
+    while (sem_wait(&queue_sem_) != 0) {
+    }
+    EvictJob job;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      job = std::move(queue_.front());
+      queue_.erase(queue_.begin());
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Side& s = side(job.device);
+    cudaError_t e = cudaSetDevice(job.device);
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (e == cudaSuccess && !ensureSide(s, job.device)) {
+        e = cudaErrorUnknown;
+      }
+      if (e == cudaSuccess && job.ready != nullptr) {
+        e = cudaStreamWaitEvent(s.stream, job.ready, 0);
+        if (e == cudaSuccess && !job.ptrs.empty()) {
+          e = compat::prefetchBatch(
+              job.ptrs.data(), job.sizes.data(), job.ptrs.size(),
+              compat::kHost, s.stream);
+        }
+        if (e == cudaSuccess) {
+          e = cudaEventRecord(s.done, s.stream);
+          s.used = true;
+        }
+        const size_t slot = job.seq % Side::kRing;
+        if (e == cudaSuccess && s.ring[slot] == nullptr) {
+          e = cudaEventCreateWithFlags(&s.ring[slot], cudaEventDisableTiming);
+        }
+        if (e == cudaSuccess) {
+          e = cudaEventRecord(s.ring[slot], s.stream);
+          s.ring_seq[slot] = job.seq;
+        }
+      }
+      // Reached even on failure: nothing may wait for it forever.
+      s.issued.store(job.seq, std::memory_order_release);
+    }
+    if (job.ready != nullptr) {
+      (void)cudaEventDestroy(job.ready);
+    }
+    if (e != cudaSuccess) {
+      fail(e, Action{Action::EvictToHost, 0, 0, job.device, nullptr});
+    }
+    calls_.fetch_add(4, kRelaxed);
+    evictor_ns_.fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::steady_clock::now() - t0)
+            .count(),
+        kRelaxed);
+  }
+}
+
+cudaError_t Executor::waitFor(int device, uint64_t fence, cudaStream_t stream) {
+  Side& s = side(device);
+  // The batch is queued (the engine's order); wait until it is issued.
+  while (s.issued.load(std::memory_order_acquire) < fence) {
+    std::this_thread::yield();
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  const size_t slot = fence % Side::kRing;
+  if (s.ring_seq[slot] == fence) {
+    return cudaStreamWaitEvent(stream, s.ring[slot], 0);
+  }
+  // Overwritten in the ring: a later batch's event covers it.
+  return s.used ? cudaStreamWaitEvent(stream, s.done, 0) : cudaSuccess;
+}
+
 template <typename Fn>
 cudaError_t Executor::onStream(cudaStream_t stream, int device, Fn&& fn) {
   if (stream != nullptr && stream != cudaStreamLegacy) {
@@ -185,7 +268,13 @@ void Executor::run(
       switch (a.kind) {
         case Action::PlaceOnDevice:
         case Action::PrefetchToDevice:
-          if (a.kind == Action::PrefetchToDevice || prefetch) {
+          if (a.fence > 0) {
+            // Queued after the eviction of the same pages, never before it.
+            e = waitFor(a.device, a.fence, stream);
+            ++calls;
+          }
+          if (e == cudaSuccess &&
+              (a.kind == Action::PrefetchToDevice || prefetch)) {
             e = prefetchOn(ptrs, sizes, a.device, stream);
             ++calls;
           }
@@ -199,14 +288,7 @@ void Executor::run(
           // pages (undefined behaviour): wait for the batch that moved them,
           // if any did (Note [Eviction fences]).
           if (a.fence > 0) {
-            Side& s = side(a.device);
-            std::lock_guard<std::mutex> lock(s.mu);
-            const size_t slot = a.fence % Side::kRing;
-            if (s.ring_seq[slot] == a.fence) {
-              e = cudaStreamWaitEvent(stream, s.ring[slot], 0);
-            } else if (s.used) {
-              e = cudaStreamWaitEvent(stream, s.done, 0);
-            }
+            e = waitFor(a.device, a.fence, stream);
             ++calls;
           }
           if (e == cudaSuccess) {
@@ -243,36 +325,27 @@ void Executor::run(
           }
           break;
         case Action::EvictToHost: {
-          Side& s = side(a.device);
-          std::lock_guard<std::mutex> lock(s.mu);
-          if (e == cudaSuccess && !ensureSide(s, a.device)) {
-            e = cudaErrorUnknown;
-          }
-          if (e == cudaSuccess) {
-            e = cudaEventRecord(s.ready, stream);
-          }
-          if (e == cudaSuccess) {
-            e = cudaStreamWaitEvent(s.stream, s.ready, 0);
-          }
-          if (e == cudaSuccess) {
-            e = compat::prefetchBatch(
-                ptrs.data(), sizes.data(), ptrs.size(), compat::kHost,
-                s.stream);
-          }
-          if (e == cudaSuccess) {
-            e = cudaEventRecord(s.done, s.stream);
-            s.used = true;
-          }
-          const size_t slot = a.fence % Side::kRing;
-          if (e == cudaSuccess && s.ring[slot] == nullptr) {
+          // Recorded here, issued by the evictor thread (Note [Evictor
+          // thread]). A job is queued even if the event fails, so that the
+          // batch number is always reached.
+          EvictJob job{a.device, a.fence, nullptr, ptrs, sizes};
+          {
             DeviceGuard guard(a.device);
-            e = cudaEventCreateWithFlags(&s.ring[slot], cudaEventDisableTiming);
+            e = cudaEventCreateWithFlags(&job.ready, cudaEventDisableTiming);
+            if (e == cudaSuccess) {
+              e = cudaEventRecord(job.ready, stream);
+            }
           }
-          if (e == cudaSuccess) {
-            e = cudaEventRecord(s.ring[slot], s.stream);
-            s.ring_seq[slot] = a.fence;
+          if (e != cudaSuccess) {
+            if (job.ready != nullptr) {
+              (void)cudaEventDestroy(job.ready);
+            }
+            job.ready = nullptr;
+            job.ptrs.clear();
+            job.sizes.clear();
           }
-          calls += 5;
+          enqueue(std::move(job));
+          calls += 2;
           break;
         }
       }
@@ -290,7 +363,8 @@ void Executor::run(
 }
 
 ExecutorCounters Executor::counters() const {
-  return ExecutorCounters{calls_.load(), failures_.load(), ns_.load()};
+  return ExecutorCounters{
+      calls_.load(), failures_.load(), ns_.load(), evictor_ns_.load()};
 }
 
 } // namespace c10::cuda::um

@@ -295,7 +295,8 @@ uint64_t Residency::bringIn(
            stream, c.evicted_in);
       counters_.reuse_bytes += sz;
     } else {
-      emit(out, seg.base, Action::PrefetchToDevice, clo, sz, seg.device, stream);
+      emit(out, seg.base, Action::PrefetchToDevice, clo, sz, seg.device,
+           stream, c.evicted_in);
       counters_.prefetch_bytes += sz;
     }
     setWhere(seg, i, Where::Device);

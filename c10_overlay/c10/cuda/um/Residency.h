@@ -84,9 +84,9 @@ struct Action {
   void* stream; // cudaStream_t, opaque here
   uintptr_t segment = 0; // base of the segment: ranges never span two
   // Note [Eviction fences]: an EvictToHost carries the number of its
-  // eviction batch; a discard-type action carries the number of the last
-  // batch that evicted any of its pages (0: none), which the executor waits
-  // for. Discards of pages never evicted wait for nothing.
+  // eviction batch; a discard or a bring-in carries the number of the last
+  // batch that evicted any of its pages (0: none), which the executor
+  // orders it after. Pages never evicted wait for nothing.
   uint64_t fence = 0;
 };
 

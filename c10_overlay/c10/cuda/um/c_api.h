@@ -57,7 +57,8 @@ typedef struct TorchUmStats {
   uint64_t discard_bytes;
   uint64_t executor_calls;     /* CUDA calls the executor issued */
   uint64_t executor_failures;  /* of which failed (hints lost, data intact) */
-  uint64_t executor_ns;        /* host time spent issuing them */
+  uint64_t executor_ns;        /* host time spent issuing them, in the caller */
+  uint64_t evictor_ns;         /* host time of the evictor thread (Executor.h) */
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
