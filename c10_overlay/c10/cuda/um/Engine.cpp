@@ -335,6 +335,14 @@ cudaError_t Engine::prefetch(
     return compat::prefetch(ptr, size, location, stream);
   }
   executor_.run(ticket, actions, true);
+  // An explicit move is issued on its stream when the call returns, also
+  // when the evictor thread issues it.
+  for (const Action& a : actions) {
+    if (a.kind == Action::EvictToHost) {
+      executor_.drain(a.device);
+      break;
+    }
+  }
   return cudaSuccess;
 }
 

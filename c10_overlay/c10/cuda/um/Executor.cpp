@@ -3,6 +3,7 @@
 #include <c10/cuda/um/CudaCompat.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -129,9 +130,18 @@ void Executor::enqueue(EvictJob job) {
   });
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
+    side(job.device).queued.store(job.seq, std::memory_order_relaxed);
     queue_.push_back(std::move(job));
   }
   sem_post(&queue_sem_);
+}
+
+void Executor::drain(int device) {
+  Side& s = side(device);
+  const uint64_t upto = s.queued.load(std::memory_order_relaxed);
+  while (s.issued.load(std::memory_order_acquire) < upto) {
+    std::this_thread::yield();
+  }
 }
 
 void Executor::evictorLoop() {

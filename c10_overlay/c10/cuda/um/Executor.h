@@ -56,6 +56,8 @@ class Executor {
   // `prefetch`: the prefetch setting (placement of fresh segments).
   void run(uint64_t ticket, const std::vector<Action>& actions, bool prefetch);
   ExecutorCounters counters() const;
+  // Returns once every eviction queued so far for `device` was issued.
+  void drain(int device);
 
  private:
   struct Side {
@@ -72,6 +74,8 @@ class Executor {
     uint64_t ring_seq[kRing] = {};
     // The last eviction batch the evictor thread has issued on this device.
     std::atomic<uint64_t> issued{0};
+    // The last eviction batch queued for this device.
+    std::atomic<uint64_t> queued{0};
   };
   // Note [Evictor thread]: cudaMemPrefetchAsync to the CPU does much of its
   // work on the calling thread (measured: the executor's host time matched

@@ -83,6 +83,22 @@ void Residency::setWhere(Segment& seg, size_t i, Where to) {
   link(seg, i);
 }
 
+void Residency::setLive(Segment& seg, size_t i, uint32_t live, bool retick) {
+  Chunk& c = seg.chunks[i];
+  const bool was_dead = seg.dead(i);
+  const bool now_dead = seg.tracked && live == 0;
+  if (!retick && was_dead == now_dead) {
+    c.live = live; // same set, same key
+    return;
+  }
+  unlink(seg, i);
+  c.live = live;
+  if (retick) {
+    c.tick = tick_;
+  }
+  link(seg, i);
+}
+
 void Residency::retouch(Segment& seg, size_t i) {
   unlink(seg, i);
   seg.chunks[i].tick = tick_;
@@ -321,17 +337,22 @@ void Residency::onAlloc(
   const size_t first = (addr - seg->base) / kChunkBytes;
   const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
   ++tick_;
+  // Note [Recency only near the budget]: far from the budget nothing will be
+  // evicted soon, so the eviction order is not kept up to date there; a
+  // block event then costs a few additions per chunk (the fits case).
+  DeviceLru& dl = lru(seg->device);
+  const bool recency = policy == Policy::Lru &&
+      (dl.bytes[static_cast<int>(Where::Host)] > 0 ||
+       dl.bytes[static_cast<int>(Where::Device)] +
+               dl.bytes[static_cast<int>(Where::Unplaced)] + size >
+           limits.budget / 10 * 9);
   uint64_t need = 0;
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];
-    unlink(*seg, i);
     const uintptr_t clo = seg->chunkAddr(i);
-    c.live = static_cast<uint32_t>(std::min<uint64_t>(
+    const auto now_live = static_cast<uint32_t>(std::min<uint64_t>(
         seg->chunkSize(i), c.live + overlap(addr, hi, clo, clo + seg->chunkSize(i))));
-    if (policy == Policy::Lru) {
-      c.tick = tick_;
-    }
-    link(*seg, i);
+    setLive(*seg, i, now_live, recency);
     if (c.where == Where::Host) {
       need += seg->chunkSize(i);
     }
@@ -361,11 +382,10 @@ void Residency::onFree(uintptr_t addr, uint64_t size) {
   const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];
-    unlink(*seg, i);
     const uintptr_t clo = seg->chunkAddr(i);
     const uint64_t gone = overlap(addr, hi, clo, clo + seg->chunkSize(i));
-    c.live = static_cast<uint32_t>(c.live > gone ? c.live - gone : 0);
-    link(*seg, i);
+    setLive(*seg, i, static_cast<uint32_t>(c.live > gone ? c.live - gone : 0),
+            /*retick=*/false);
   }
 }
 

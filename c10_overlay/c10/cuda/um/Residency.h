@@ -226,6 +226,8 @@ class Residency {
   void unlink(Segment& seg, size_t i);
   void link(Segment& seg, size_t i);
   void retouch(Segment& seg, size_t i);
+  // Sets a chunk's live bytes; `retick` also makes it the most recent.
+  void setLive(Segment& seg, size_t i, uint32_t live, bool retick);
   // Frees room for `need` bytes on `device` under `budget`, never taking a
   // chunk touched at or after `protect_tick`. Returns the bytes freed.
   uint64_t makeRoom(
