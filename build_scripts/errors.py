@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class BuildError(Exception):
     """A build step failed; the message says what was wrong and what to do.
 
     The CLI prints ``error: <message>`` and exits with status 2, without a traceback.
     """
+
+
+def damaged_zip(path: Path, exc: BaseException) -> str:
+    """The message for a cached download that is no readable zip archive."""
+    return (
+        f"{path} is not a readable zip archive ({exc}): remove it with `rm {path}` so that "
+        "the next build downloads it again"
+    )

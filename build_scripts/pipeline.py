@@ -31,7 +31,14 @@ from build_scripts import (
 
 __all__ = ["BuildResult", "build", "overlay_python_files", "repack_if_changed"]
 from build_scripts.changes import overlay_python_files
-from build_scripts.fsutil import digest_of, read_json, sha256_file, write_json
+from build_scripts.fsutil import (
+    digest_of,
+    file_record,
+    matches_record,
+    read_json,
+    sha256_file,
+    write_json,
+)
 from build_scripts.paths import REPO_ROOT, cache_root
 from build_scripts.toolchain import gnu_patch, overlay_toolchain
 
@@ -115,8 +122,7 @@ def repack_if_changed(
         source=inputs.wheel, out_dir=dist, version=m.um_version, platform=tag, files=files
     )
     out = repack.repack(spec)
-    st = out.stat()
-    write_json(stamp, {"key": stamp_key, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    write_json(stamp, {"key": stamp_key, "wheel": file_record(out)})
     return out, False
 
 
@@ -127,8 +133,9 @@ def _content_digest(value: repack.Content) -> str:
 
 
 def _stamp_matches(stamp: Path, out: Path, key: str) -> bool:
+    """The stamp is of these inputs, and ``out`` is still the wheel that was written (its
+    stat, ctime included, or else its sha256, is as recorded)."""
     data = read_json(stamp)
-    if not isinstance(data, dict) or data.get("key") != key or not out.is_file():
+    if not isinstance(data, dict) or data.get("key") != key:
         return False
-    st = out.stat()
-    return bool(data.get("size") == st.st_size and data.get("mtime_ns") == st.st_mtime_ns)
+    return matches_record(out, data.get("wheel"))
