@@ -166,8 +166,10 @@ def build(inputs: OverlayInputs, build_dir: Path, *, toolchain: Toolchain | None
     progress.step("building the overlay library")
     output = build_dir / inputs.soname
     record = build_dir / "um-output.json"
-    if output.exists() and not matches_record(output, read_json(record)):
-        progress.step(f"{output} changed since it was built: linking it again")
+    built = read_json(record)
+    if output.exists() and not matches_record(output, built):
+        why = "changed since it was built" if built else "has no record of its build"
+        progress.step(f"{output} {why}: linking it again")
         output.unlink()
     before = output.stat().st_mtime_ns if output.exists() else None
     _run(
