@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
+
+#: errors of the disk written to, never of the file or server read from: steps let them
+#: through, and the CLI names the disk (cli.os_error_message)
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 class BuildError(Exception):

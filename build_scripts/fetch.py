@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from build_scripts import progress, subproc
-from build_scripts.errors import BuildError
+from build_scripts.errors import DISK_ERRNOS, BuildError
 from build_scripts.fsutil import (
     atomic_path,
     mebibytes,
@@ -50,6 +50,8 @@ def urllib_fetch(url: str, dest: Path, timeout: float) -> None:
                     out.write(chunk)
                     pbar.update(len(chunk))
     except (urllib.error.URLError, OSError, ValueError) as exc:
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            raise  # the cache's disk, not the server: the CLI names the disk
         raise FetchError(f"{url}: {exc}") from None
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import errno
 import shutil
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from build_scripts.errors import BuildError
+from build_scripts.errors import DISK_ERRNOS, BuildError
 
 
 def extract_members(
@@ -51,7 +50,7 @@ def extract_members(
                 if found == wanted:
                     break
     except (tarfile.TarError, OSError, EOFError) as exc:
-        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRORS:
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
             raise  # the destination's disk, not the tarball: the CLI says which
         raise BuildError(
             f"cannot read source tarball {tarball}: {exc} (delete it to download it again)"
@@ -63,9 +62,6 @@ def extract_members(
             f"source tarball {tarball} lacks {len(missing)} pinned file(s) {where}, "
             f"e.g. {', '.join(missing[:5])}"
         )
-
-
-_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
 def _match_any_prefix(name: str, wanted: set[str]) -> str | None:

@@ -6,6 +6,7 @@ fed with the bad input, so the test still goes through the CLI's own error handl
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from build_scripts import cli, fsutil, matrix, official, pipeline, toolchain, wheel_parts
+from build_scripts import cli, fetch, fsutil, matrix, official, pipeline, toolchain, wheel_parts
 from build_scripts.paths import REPO_ROOT
 from build_scripts.sources.tarball import extract_members
 
@@ -293,6 +294,35 @@ def test_full_disk_in_any_step_names_both_disks(
     assert error_line(capsys, build_args(dist)) == (
         f"error: no space left on device writing {target} (cache {cache} is on {mount}, 5 MiB "
         f"free; dist {dist} is on {mount}, 5 MiB free): free space there, or set "
+        "TORCH_UM_CACHE to a directory on a disk with more room"
+    )
+
+
+def test_full_disk_during_a_url_download_is_not_blamed_on_the_server(
+    tmp_path: Path,
+    cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The Debian tarball and index come by URL; /dev/full fails every write with ENOSPC."""
+    served = tmp_path / "pytorch_2.6.0+dfsg.orig.tar.xz"
+    served.write_bytes(b"x" * 4096)
+
+    @contextlib.contextmanager
+    def full_disk(dest: Path, **kwargs: object) -> Iterator[Path]:
+        yield Path("/dev/full")
+
+    monkeypatch.setattr(fetch, "atomic_path", full_disk)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=0))
+    fail_in_build(
+        monkeypatch, lambda: fetch.urllib_fetch(served.as_uri(), cache / "src" / served.name, 5)
+    )
+    dist = tmp_path / "dist"
+    mount = fsutil.mount_point(tmp_path)
+    assert error_line(capsys, build_args(dist)) == (
+        f"error: no space left on device writing a file (cache {cache} is on {mount}, 0 MiB "
+        f"free; dist {dist} is on {mount}, 0 MiB free): free space there, or set "
         "TORCH_UM_CACHE to a directory on a disk with more room"
     )
 
