@@ -21,6 +21,7 @@ from pathlib import Path
 from build_scripts import progress
 from build_scripts.errors import BuildError
 from build_scripts.fsutil import (
+    MANIFEST,
     atomic_dir,
     atomic_write_text,
     digest_of,
@@ -218,7 +219,7 @@ def patched_tree(upstream: Path, series_file: Path, dest: Path) -> Path:
         "upstream": {
             str(p.relative_to(upstream)): sha256_file(p)
             for p in sorted(upstream.rglob("*"))
-            if p.is_file()
+            if p.is_file() and p.name != MANIFEST  # the manifest records stat, not content
         },
         "patches": series_inputs(series_file),
     }
@@ -230,7 +231,7 @@ def patched_tree(upstream: Path, series_file: Path, dest: Path) -> Path:
         progress.step(f"{dest} differs from what was patched ({problem}): patching it again")
     progress.step(f"applying {len(names)} patch(es) from {series_file}")
     with atomic_dir(dest) as tmp:
-        shutil.copytree(upstream, tmp, dirs_exist_ok=True)
+        shutil.copytree(upstream, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST))
         apply_series(series_file.parent, names, tmp)
         _keep_mtimes(dest, tmp)
         atomic_write_text(tmp / _STAMP, f'{{"key": "{stamp}"}}\n')

@@ -76,7 +76,9 @@ def test_killed_repack_leaves_no_wheel_and_the_next_build_sweeps_it(
     try:
         _first_line(child)
         deadline = time.monotonic() + 20
-        while not list(dist.glob(".tmp-*")) and time.monotonic() < deadline:
+        # stuck on the fifo once the official entries are written (and the file locked)
+        while not any(p.stat().st_size for p in dist.glob(".tmp-*")):
+            assert time.monotonic() < deadline
             time.sleep(0.05)
         (partial,) = dist.iterdir()
         assert partial.name.startswith(".tmp-repack.") and partial.name.endswith(".partial")
