@@ -194,7 +194,8 @@ def repack_if_changed(
             "files": {k: _content_digest(v) for k, v in sorted(files.items())},
         }
     )
-    stamp = cache / "stamps" / f"{out.name}.json"
+    # one stamp per output folder: checkouts sharing the cache write their own dist/
+    stamp = cache / "stamps" / f"{out.name}.{digest_of(str(dist.resolve()))[:8]}.json"
     if _stamp_matches(stamp, out, stamp_key):
         progress.step(f"{out} is up to date")
         return out, True

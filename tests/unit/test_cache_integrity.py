@@ -153,3 +153,23 @@ def test_torch_src_is_used_and_verified_even_when_the_cache_is_warm(
         "the pinned upstream commit (point TORCH_SRC at the right tree, or update the pin "
         "deliberately)"
     )
+
+
+def test_two_output_folders_sharing_a_cache_keep_their_own_stamp(tmp_path: Path) -> None:
+    """Checkouts (worktrees) share the cache but each has its own dist/: building into one
+    must not make the other's wheel look out of date."""
+    source = make_wheel(tmp_path / "torch-9.1.0-cp311-cp311-manylinux1_x86_64.whl")
+    write_matrix(tmp_path / "patches", matrix_doc("9.1.0"))
+    m = matrix.load("9.1.0", tmp_path / "patches")
+    inputs = official.OfficialInputs(
+        source, m.wheel.for_python("3.11"), (), tmp_path / "libcudart.so.12"
+    )
+    cache, tag = tmp_path / "cache", "manylinux_2_34_x86_64"
+    checkouts: dict[Path, dict[str, Any]] = {  # each with its own overlay Python file
+        tmp_path / "a" / "dist": {"torch/cuda/um.py": b"x = 1\n"},
+        tmp_path / "b" / "dist": {"torch/cuda/um.py": b"x = 2\n"},
+    }
+    for dist, files in checkouts.items():
+        assert not pipeline.repack_if_changed(inputs, m, tag, files, dist=dist, cache=cache)[1]
+    for dist, files in checkouts.items():
+        assert pipeline.repack_if_changed(inputs, m, tag, files, dist=dist, cache=cache)[1]
