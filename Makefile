@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 build: $(STAMP)
-	$(VPY) -m build_scripts build --torch-version $(TORCH_VERSION) --python $(PYTHON)
+	$(VPY) -m build_scripts build --torch-version='$(TORCH_VERSION)' --python='$(PYTHON)'
 
 # Every Python file of the repository (mypy's narrower list is in pyproject.toml).
 LINT_PATHS := bench build_scripts c10_overlay docker tests
@@ -47,10 +47,10 @@ test-unit: $(STAMP)
 	$(VPY) -m pytest -m 'not integration' $(PYTEST_ARGS)
 
 series-check: $(STAMP)
-	$(VPY) -m build_scripts series check --torch-version $(TORCH_VERSION)
+	$(VPY) -m build_scripts series check --torch-version='$(TORCH_VERSION)'
 
 series-refresh: $(STAMP)
-	$(VPY) -m build_scripts series refresh --torch-version $(TORCH_VERSION)
+	$(VPY) -m build_scripts series refresh --torch-version='$(TORCH_VERSION)'
 
 # Container targets (docker/README.md); they read TORCH_VERSION and PYTHON from above.
 -include docker/docker.mk

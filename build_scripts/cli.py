@@ -6,15 +6,18 @@ Errors are printed as ``error: <message>`` with exit status 2, never as a traceb
 from __future__ import annotations
 
 import argparse
+import errno
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from build_scripts import matrix, repack, series, sources
 from build_scripts.errors import BuildError
-from build_scripts.paths import cache_root
+from build_scripts.fsutil import mebibytes, mount_point
+from build_scripts.paths import REPO_ROOT, cache_root
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,11 +96,64 @@ def _series_check(m: matrix.VersionMatrix) -> int:
     return 0
 
 
+def os_error_message(exc: OSError, places: Mapping[str, Path]) -> str:
+    """One line for an operating-system error that no step turned into a BuildError:
+    which path, what went wrong, what to do. ``places``: the cache and dist/, whose disks
+    a full-disk error names."""
+    path = f" {exc.filename}" if exc.filename else ""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        disks = "; ".join(_disk(what, p) for what, p in places.items())
+        return (
+            f"no space left on device writing{path or ' a file'} ({disks}): free space "
+            "there, or set TORCH_UM_CACHE to a directory on a disk with more room"
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (
+            f"cannot write or read{path} ({reason}): make it writable, or set TORCH_UM_CACHE "
+            "(the cache) or --dist (the wheel) to a directory you own"
+        )
+    if exc.errno == errno.ENOTDIR:
+        return (
+            f"cannot use{path} ({reason}): a part of that path is a file; remove the file, "
+            "or set TORCH_UM_CACHE or --dist to another directory"
+        )
+    name = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    return f"{reason} ({name}){':' + path if path else ''}: fix that and run the build again"
+
+
+def _disk(what: str, path: Path) -> str:
+    try:
+        free = mebibytes(shutil.disk_usage(path if path.exists() else path.parent).free)
+        return f"{what} {path} is on {mount_point(path)}, {free} free"
+    except OSError:
+        return f"{what} {path}"
+
+
+def _places(argv: Sequence[str] | None) -> dict[str, Path]:
+    places = {"cache": cache_root()}
+    args, _ = _parser().parse_known_args(argv)
+    if args.command == "build":
+        places["dist"] = args.dist or REPO_ROOT / "dist"
+    return places
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(argv)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {os_error_message(exc, _places(argv))}", file=sys.stderr)
+        return 2
+    except zipfile.BadZipFile as exc:
+        print(
+            f"error: a zip archive the build read is damaged ({exc}): run the build again, "
+            "which verifies every cached download first; if this repeats, remove the cache "
+            f"with `rm -rf {cache_root()}`",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

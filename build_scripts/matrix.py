@@ -144,14 +144,15 @@ def _version_key(v: str) -> tuple[int, ...]:
 def load(torch_version: str, root: Path | None = None) -> VersionMatrix:
     """Load and validate ``patches/<torch_version>/upstream.yaml``."""
     root = root or patches_root()
-    path = root / torch_version / "upstream.yaml"
-    if not path.is_file():
-        versions = supported_versions(root)
+    versions = supported_versions(root)
+    if torch_version not in versions:  # by name: never a path, never empty
         listed = ", ".join(versions) if versions else "none"
+        example = f", e.g. `make build TORCH_VERSION={versions[-1]}`" if versions else ""
         raise BuildError(
-            f"unknown TORCH_VERSION {torch_version!r}: supported versions are {listed} "
-            f"(directories of {root} that hold an upstream.yaml)"
+            f"unknown TORCH_VERSION {torch_version!r}: supported versions are {listed}; "
+            f"set TORCH_VERSION to one of them{example}"
         )
+    path = root / torch_version / "upstream.yaml"
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:

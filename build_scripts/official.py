@@ -25,6 +25,11 @@ class OfficialInputs:
     cudart: Path  # libcudart.so.N to link against
 
 
+def cached_wheel(cache: Path, pin: matrix.WheelPin) -> Path:
+    """Where the official wheel is kept in the cache (it may not be there yet)."""
+    return cache / "wheels" / pin.filename
+
+
 def fetch_inputs(m: matrix.VersionMatrix, python: str, cache: Path) -> OfficialInputs:
     pin = m.wheel.for_python(python)
     progress.step(
@@ -35,7 +40,7 @@ def fetch_inputs(m: matrix.VersionMatrix, python: str, cache: Path) -> OfficialI
         f"torch=={m.torch_version}",
         pin.filename,
         pin.sha256,
-        cache / "wheels",
+        cached_wheel(cache, pin).parent,
         python_version=python,
         platform=pin.platform,
         abi=pin.cp_tag,

@@ -15,21 +15,24 @@ The CMake contract (c10_overlay/CMakeLists.txt implements it)::
     cmake --build <builddir>                           # -> <builddir>/libc10_cuda.so
 
 The build directory lives in the cache, keyed by torch version, Python and the configure
-arguments, so a rerun is incremental.
+arguments, so a rerun is incremental. CMake, Ninja and the compilers run in a process group
+that dies with the build (``subproc.group``). The built library's state is recorded after
+each build; a library changed since then is removed first, so Ninja links it again.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from build_scripts import matrix, progress
+from build_scripts import matrix, progress, subproc
 from build_scripts.errors import BuildError
-from build_scripts.fsutil import digest_of, read_json, write_json
+from build_scripts.fsutil import digest_of, file_record, matches_record, read_json, write_json
 from build_scripts.official import OfficialInputs
 from build_scripts.toolchain import Toolchain, overlay_toolchain
 
@@ -162,6 +165,12 @@ def build(inputs: OverlayInputs, build_dir: Path, *, toolchain: Toolchain | None
         write_json(stamp, cmd)
     progress.step("building the overlay library")
     output = build_dir / inputs.soname
+    record = build_dir / "um-output.json"
+    built = read_json(record)
+    if output.exists() and not matches_record(output, built):
+        why = "changed since it was built" if built else "has no record of its build"
+        progress.step(f"{output} {why}: linking it again")
+        output.unlink()
     before = output.stat().st_mtime_ns if output.exists() else None
     _run(
         [str(tc.cmake), "--build", str(build_dir)],
@@ -176,6 +185,7 @@ def build(inputs: OverlayInputs, build_dir: Path, *, toolchain: Toolchain | None
             f"must build a library named {inputs.soname} in the build directory "
             f"(log: {log})"
         )
+    write_json(record, file_record(output))
     if before is not None and output.stat().st_mtime_ns == before:
         progress.step(f"{inputs.soname} is up to date")
     return output
@@ -186,27 +196,21 @@ def _run(cmd: list[str], log: Path, what: str, cwd: Path, *, ninja_progress: boo
     tail: deque[str] = deque(maxlen=40)
     with log.open("a") as logf, progress.bar(what, None, unit="step") as pbar:
         logf.write("$ " + " ".join(cmd) + "\n")
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-                cwd=cwd,
-            )
-        except OSError as exc:
-            raise BuildError(f"cannot run {cmd[0]}: {exc}") from None
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            logf.write(line)
-            tail.append(line.rstrip())
-            m = _NINJA_STATUS.match(line) if ninja_progress else None
-            if m:
-                pbar.total = int(m.group(2))
-                pbar.n = int(m.group(1))
-                pbar.refresh()
-        rc = proc.wait()
+        if not shutil.which(cmd[0]):
+            raise BuildError(f"cannot run {cmd[0]}: it is not an executable")
+        with subproc.group(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                logf.write(line)
+                tail.append(line.rstrip())
+                m = _NINJA_STATUS.match(line) if ninja_progress else None
+                if m:
+                    pbar.total = int(m.group(2))
+                    pbar.n = int(m.group(1))
+                    pbar.refresh()
+            rc = proc.wait()
     if rc != 0:
         raise BuildError(
             f"{what} failed (exit {rc}); last lines:\n" + "\n".join(tail) + f"\nfull log: {log}"

@@ -2,7 +2,10 @@
 
 Read top to bottom: each step names the module that does it. Every step either
 finishes or leaves nothing behind that a rerun would trust; every step reuses its cached
-result when its inputs did not change, so a warm rerun takes seconds.
+result when its inputs did not change, so a warm rerun takes seconds. Before anything is
+downloaded: every tool is found and the compiler tried, the cache and dist/ are writable
+with room on their disks, and this version's build lock is taken (a second build of the
+same version waits); then the leftovers of killed runs are swept.
 
  1. matrix         load patches/<version>/upstream.yaml (what to fetch, with hashes)
  2. official       the official wheel and the CUDA header packages (pip download)
@@ -15,12 +18,16 @@ result when its inputs did not change, so a warm rerun takes seconds.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from build_scripts import (
     inject_path,
+    locks,
     matrix,
     official,
     platform_tag,
@@ -31,9 +38,21 @@ from build_scripts import (
 
 __all__ = ["BuildResult", "build", "overlay_python_files", "repack_if_changed"]
 from build_scripts.changes import overlay_python_files
-from build_scripts.fsutil import digest_of, read_json, sha256_file, write_json
+from build_scripts.errors import BuildError
+from build_scripts.fsutil import (
+    PARTIAL,
+    digest_of,
+    file_record,
+    matches_record,
+    mebibytes,
+    mount_point,
+    read_json,
+    sha256_file,
+    sweep_leftovers,
+    write_json,
+)
 from build_scripts.paths import REPO_ROOT, cache_root
-from build_scripts.toolchain import gnu_patch, overlay_toolchain
+from build_scripts.toolchain import Toolchain, build_toolchain
 
 #: bump when repack output changes for the same inputs, so stamps stop matching
 REPACK_FORMAT = 1
@@ -61,12 +80,32 @@ def build(
     cache = cache or cache_root()
     dist = dist or repo / "dist"
 
-    # 1. What to build, pinned.
+    # 1. What to build, pinned; what it needs, checked before any download.
     m = matrix.load(torch_version, repo / "patches")
-    m.wheel.for_python(python)  # an unsupported CPython fails before any download
-    tools = overlay_toolchain()  # fail before any download when cmake/ninja/c++ are missing
-    gnu_patch()
+    pin = m.wheel.for_python(python)  # an unsupported CPython fails before any download
+    tools = build_toolchain()  # every missing tool at once; the compiler compiles a probe
+    check_directories(cache, dist, official.cached_wheel(cache, pin))
+    if os.environ.get("TORCH_SRC") and m.integration != "source":
+        progress.step(
+            f"TORCH_SRC is not used: torch {m.torch_version} takes the {m.integration} path, "
+            "which reads no upstream source"
+        )
+    with locks.build_lock(cache, m.torch_version):
+        for leftover in sweep_leftovers(cache) + sweep_leftovers(dist, depth=1):
+            progress.step(f"removed {leftover}, left by a build that was killed")
+        return _build(m, python, tools, repo=repo, cache=cache, dist=dist, started=started)
 
+
+def _build(
+    m: matrix.VersionMatrix,
+    python: str,
+    tools: Toolchain,
+    *,
+    repo: Path,
+    cache: Path,
+    dist: Path,
+    started: float,
+) -> BuildResult:
     # 2. The official wheel and the CUDA headers, verified against their sha256.
     inputs = official.fetch_inputs(m, python, cache)
 
@@ -85,6 +124,54 @@ def build(
     seconds = time.monotonic() - started
     progress.step(f"built {out} in {seconds:.0f} s")
     return BuildResult(out, tag, changes.library, changes.official_library, reused, seconds)
+
+
+#: room the build needs in the cache: the official wheel (about 0.5-0.8 GB) and the CUDA
+#: packages when they are not cached yet, extracted headers and the overlay build always
+_CACHE_COLD = 1536 << 20
+_CACHE_WARM = 256 << 20
+#: room for the wheel in dist/ when the official one is not cached yet (its size if it is)
+_DIST_COLD = 1024 << 20
+
+
+def check_directories(cache: Path, dist: Path, cached_wheel: Path) -> None:
+    """The cache and dist/ are writable directories with room for the build on their disks."""
+    writable_dir(cache, "the cache", "set TORCH_UM_CACHE to a writable directory")
+    writable_dir(dist, "the output directory", "pass another --dist")
+    wheel = cached_wheel.stat().st_size if cached_wheel.is_file() else 0
+    needs = {
+        cache: (_CACHE_WARM if wheel else _CACHE_COLD, "TORCH_UM_CACHE"),
+        dist: (wheel + wheel // 16 if wheel else _DIST_COLD, "--dist"),
+    }
+    by_disk: dict[int, list[Path]] = {}
+    for path in needs:
+        by_disk.setdefault(path.stat().st_dev, []).append(path)
+    for paths in by_disk.values():
+        need = sum(needs[p][0] for p in paths)
+        free = shutil.disk_usage(paths[0]).free
+        if free < need:
+            names = " and ".join(str(p) for p in paths)
+            knobs = " or ".join(needs[p][1] for p in paths)
+            raise BuildError(
+                f"only {mebibytes(free)} free on {mount_point(paths[0])} (holding {names}); "
+                f"the build needs about {mebibytes(need)} there: free space, or set {knobs} "
+                "to a directory on another disk"
+            )
+
+
+def writable_dir(path: Path, what: str, fix: str) -> None:
+    """``path`` is (or is made) a directory this process can create files in."""
+    if path.exists() and not path.is_dir():
+        raise BuildError(f"{what} {path} is not a directory: remove it, or {fix}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".tmp-probe.", suffix=PARTIAL, dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BuildError(
+            f"cannot write {what} {path} ({exc.strerror}): make it writable, or {fix}"
+        ) from None
 
 
 def repack_if_changed(
@@ -107,7 +194,8 @@ def repack_if_changed(
             "files": {k: _content_digest(v) for k, v in sorted(files.items())},
         }
     )
-    stamp = cache / "stamps" / f"{out.name}.json"
+    # one stamp per output folder: checkouts sharing the cache write their own dist/
+    stamp = cache / "stamps" / f"{out.name}.{digest_of(str(dist.resolve()))[:8]}.json"
     if _stamp_matches(stamp, out, stamp_key):
         progress.step(f"{out} is up to date")
         return out, True
@@ -115,8 +203,7 @@ def repack_if_changed(
         source=inputs.wheel, out_dir=dist, version=m.um_version, platform=tag, files=files
     )
     out = repack.repack(spec)
-    st = out.stat()
-    write_json(stamp, {"key": stamp_key, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    write_json(stamp, {"key": stamp_key, "wheel": file_record(out)})
     return out, False
 
 
@@ -127,8 +214,9 @@ def _content_digest(value: repack.Content) -> str:
 
 
 def _stamp_matches(stamp: Path, out: Path, key: str) -> bool:
+    """The stamp is of these inputs, and ``out`` is still the wheel that was written (its
+    stat, ctime included, or else its sha256, is as recorded)."""
     data = read_json(stamp)
-    if not isinstance(data, dict) or data.get("key") != key or not out.is_file():
+    if not isinstance(data, dict) or data.get("key") != key:
         return False
-    st = out.stat()
-    return bool(data.get("size") == st.st_size and data.get("mtime_ns") == st.st_mtime_ns)
+    return matches_record(out, data.get("wheel"))

@@ -4,24 +4,22 @@ Unchanged entries are copied as their compressed bytes (no recompression, nothin
 in memory); the ``.dist-info`` directory is renamed for the new version; METADATA's
 Version, the WHEEL tags and ``torch/version.py`` are rewritten; RECORD is regenerated and
 the finished wheel's RECORD is validated with ``installer`` before it is renamed into
-place.
+place. Until then it is ``dist/.tmp-repack.<random>.partial``: nothing that looks like a
+wheel, and removed by the next build if this one is killed.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import csv
 import hashlib
 import io
 import os
 import re
-import shutil
 import struct
-import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, cast
@@ -31,7 +29,8 @@ from installer.sources import WheelFile
 from installer.utils import copyfileobj_with_hashing
 
 from build_scripts import progress
-from build_scripts.errors import BuildError
+from build_scripts.errors import BuildError, damaged_zip
+from build_scripts.fsutil import atomic_path
 
 Content = bytes | Path
 _VERSION_PY = re.compile(r"""^(__version__\s*=\s*)(['"])([^'"]*)\2""", re.M)
@@ -175,7 +174,11 @@ def repack(spec: RepackSpec) -> Path:
     out_name = output_name(spec.source, spec.version, spec.platform)
     dest = spec.out_dir / out_name
     src_name = WheelName.parse(spec.source.name)
-    with zipfile.ZipFile(spec.source) as src:
+    try:
+        src = zipfile.ZipFile(spec.source)
+    except zipfile.BadZipFile as exc:
+        raise BuildError(damaged_zip(spec.source, exc)) from None
+    with src:
         old_di = _dist_info(src)
         new_di = f"{src_name.name}-{spec.version}.dist-info"
         old_record = {
@@ -204,7 +207,7 @@ def repack(spec: RepackSpec) -> Path:
         total = sum(i.compress_size for i in infos)
         rows: list[tuple[str, str, str]] = []
         spec.out_dir.mkdir(parents=True, exist_ok=True)
-        with _tmp_wheel(dest) as tmp:
+        with atomic_path(dest, label="repack") as tmp:
             with (
                 zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst,
                 progress.bar(f"repack {out_name}", total) as pbar,
@@ -244,22 +247,6 @@ def repack(spec: RepackSpec) -> Path:
     return dest
 
 
-@contextlib.contextmanager
-def _tmp_wheel(dest: Path) -> Iterator[Path]:
-    """``dest.parent/.tmp-XXXX/<dest.name>``, renamed onto ``dest`` on success.
-
-    The temporary file keeps the wheel's own name so that tools parsing wheel file names
-    (installer's RECORD validation) accept it.
-    """
-    tmpdir = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.parent))
-    try:
-        tmp = tmpdir / dest.name
-        yield tmp
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-
-
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
 
@@ -274,11 +261,15 @@ def _write(dst: zipfile.ZipFile, name: str, data: bytes, like: zipfile.ZipInfo |
 
 
 def validate(wheel: Path, label: str | None = None) -> None:
-    """Every file is listed in RECORD with the right sha256 and size (installer checks)."""
+    """Every file is listed in RECORD with the right sha256 and size (installer checks).
+
+    ``label``: the wheel file name to check ``wheel`` as (a temporary file has none).
+    """
     label = label or wheel.name
     progress.step(f"validating RECORD of {label}")
     try:
         with zipfile.ZipFile(wheel) as zf:
+            zf.filename = label  # installer reads the distribution's name from it
             wf = WheelFile(zf)
             wf.validate_record(validate_contents=True)
     except (zipfile.BadZipFile, OSError) as exc:

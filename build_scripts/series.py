@@ -20,7 +20,16 @@ from pathlib import Path
 
 from build_scripts import progress
 from build_scripts.errors import BuildError
-from build_scripts.fsutil import atomic_dir, atomic_write_text, digest_of, read_json, sha256_file
+from build_scripts.fsutil import (
+    MANIFEST,
+    atomic_dir,
+    atomic_write_text,
+    digest_of,
+    manifest_problem,
+    read_json,
+    sha256_file,
+    write_manifest,
+)
 from build_scripts.toolchain import gnu_patch
 
 _FILE_LINE = re.compile(r"^(?:patching|checking) file (.+)$")
@@ -127,6 +136,11 @@ def apply_patch(patch_file: Path, tree: Path, *, fuzz: int = 0) -> PatchResult:
     return result
 
 
+def refresh_hint(series_dir: Path) -> str:
+    """The command that refreshes the series in ``series_dir`` (``patches/<version>``)."""
+    return f"`make series-refresh TORCH_VERSION={series_dir.name}`"
+
+
 def _failure_message(
     patch_file: Path, tree: Path, out: str, failed: list[HunkNote], fuzz: int
 ) -> str:
@@ -155,7 +169,7 @@ def _failure_message(
             parts.append(
                 f"hunk #{h.hunk} of {h.file} (at line {h.line}) applies only with fuzz "
                 f"{needs[(h.file, h.hunk)]}, and fuzz is refused: run "
-                "`python -m build_scripts series refresh` to give it fresh context"
+                f"{refresh_hint(patch_file.parent)} to give it fresh context"
             )
         else:
             parts.append(f"hunk #{h.hunk} of {h.file} FAILED at line {h.line}")
@@ -178,7 +192,7 @@ def apply_series(
             )
             raise BuildError(
                 f"patch {name} applies only at an offset: {where}; run "
-                "`python -m build_scripts series refresh` to refresh its context"
+                f"{refresh_hint(patch_dir)} to refresh its context"
             )
         results.append(res)
     return results
@@ -197,26 +211,31 @@ def patched_tree(upstream: Path, series_file: Path, dest: Path) -> Path:
     """``dest`` := ``upstream`` with the series applied; reused when its inputs match.
 
     Files whose content did not change keep the mtime they had in the previous tree, so
-    the following Ninja build stays incremental.
+    the following Ninja build stays incremental. A tree that no longer matches its
+    manifest (a file changed, added or removed since it was made) is made again.
     """
     names = read_series(series_file)
     key = {
         "upstream": {
             str(p.relative_to(upstream)): sha256_file(p)
             for p in sorted(upstream.rglob("*"))
-            if p.is_file()
+            if p.is_file() and p.name != MANIFEST  # the manifest records stat, not content
         },
         "patches": series_inputs(series_file),
     }
     stamp = digest_of(key)
     if (read_json(dest / _STAMP) or {}).get("key") == stamp:
-        return dest
+        problem = manifest_problem(dest)
+        if problem is None:
+            return dest
+        progress.step(f"{dest} differs from what was patched ({problem}): patching it again")
     progress.step(f"applying {len(names)} patch(es) from {series_file}")
     with atomic_dir(dest) as tmp:
-        shutil.copytree(upstream, tmp, dirs_exist_ok=True)
+        shutil.copytree(upstream, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST))
         apply_series(series_file.parent, names, tmp)
         _keep_mtimes(dest, tmp)
         atomic_write_text(tmp / _STAMP, f'{{"key": "{stamp}"}}\n')
+        write_manifest(tmp)
     return dest
 
 

@@ -1,23 +1,29 @@
-"""Find the external tools the build runs, or say what to install."""
+"""Find the external tools the build runs, or say what to install.
+
+:func:`build_toolchain` reports every missing tool in one message and compiles a one-line
+C++17 program with the compiler, all before anything is downloaded.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from build_scripts.errors import BuildError
 
 _INSTALL_HINTS = {
-    "cmake": "pip install cmake (a dependency of this package: run `make build`, which "
-    "installs it into .venv)",
-    "ninja": "pip install ninja (a dependency of this package: run `make build`, which "
-    "installs it into .venv)",
-    "patch": "GNU patch: apt-get install patch",
-    "c++": "a C++17 compiler: apt-get install g++ (or set CXX)",
-    "c++filt": "binutils: apt-get install binutils",
+    "cmake": "run `make build`, which installs it into .venv (or: pip install cmake)",
+    "ninja": "run `make build`, which installs it into .venv (or: pip install ninja)",
+    "patch": "install GNU patch: apt-get install patch",
+    "c++": "install a C++17 compiler: apt-get install g++ (or set CXX)",
+    "c++filt": "install binutils: apt-get install binutils",
 }
+_PROBE = "#include <cstddef>\nint main() { return static_cast<int>(std::size_t{0}); }\n"
 
 
 def _python_package_tool(name: str) -> Path | None:
@@ -53,7 +59,7 @@ def find_tool(name: str, env_var: str | None = None) -> Path:
     if found:
         return Path(found)
     hint = _INSTALL_HINTS.get(name, f"install {name}")
-    raise BuildError(f"required tool '{name}' not found on PATH: install {hint}")
+    raise BuildError(f"required tool '{name}' not found on PATH: {hint}")
 
 
 def find_cxx() -> Path:
@@ -63,7 +69,7 @@ def find_cxx() -> Path:
         found = shutil.which(candidate)
         if found:
             return Path(found)
-    raise BuildError(f"required tool 'c++' not found on PATH: install {_INSTALL_HINTS['c++']}")
+    raise BuildError(f"required tool 'c++' not found on PATH: {_INSTALL_HINTS['c++']}")
 
 
 @dataclass(frozen=True)
@@ -74,8 +80,57 @@ class Toolchain:
 
 
 def overlay_toolchain() -> Toolchain:
-    return Toolchain(cmake=find_tool("cmake"), ninja=find_tool("ninja"), cxx=find_cxx())
+    cmake, ninja, cxx = _all_found(lambda: find_tool("cmake"), lambda: find_tool("ninja"), find_cxx)
+    return Toolchain(cmake=cmake, ninja=ninja, cxx=cxx)
 
 
 def gnu_patch() -> Path:
     return find_tool("patch", "PATCH")
+
+
+def build_toolchain() -> Toolchain:
+    """Everything ``make build`` runs, checked at once; the compiler compiles a probe."""
+    cmake, ninja, cxx, _patch = _all_found(
+        lambda: find_tool("cmake"), lambda: find_tool("ninja"), find_cxx, gnu_patch
+    )
+    check_compiles(cxx)
+    return Toolchain(cmake=cmake, ninja=ninja, cxx=cxx)
+
+
+def _all_found(*finders: Callable[[], Path]) -> list[Path]:
+    found, missing = [], []
+    for find in finders:
+        try:
+            found.append(find())
+        except BuildError as exc:
+            missing.append(str(exc))
+    if len(missing) == 1:
+        raise BuildError(missing[0])
+    if missing:
+        raise BuildError(
+            f"{len(missing)} required tools are missing: "
+            + "; ".join(m.removeprefix("required tool ") for m in missing)
+        )
+    return found
+
+
+def check_compiles(cxx: Path) -> None:
+    """Compile a one-line C++17 program with ``cxx``; say what to do if it cannot."""
+    with tempfile.TemporaryDirectory(prefix="um-cxx-probe-") as tmp:
+        src = Path(tmp) / "probe.cpp"
+        src.write_text(_PROBE)
+        cmd = [str(cxx), "-std=c++17", "-c", str(src), "-o", str(Path(tmp) / "probe.o")]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BuildError(
+                f"the C++ compiler {cxx} cannot be run ({exc}): install g++ "
+                "(apt-get install g++) or set CXX to a working C++17 compiler"
+            ) from None
+    if proc.returncode != 0:
+        first = next((ln.strip() for ln in proc.stderr.splitlines() if ln.strip()), "")
+        why = f"exit {proc.returncode}" + (f": {first}" if first else "")
+        raise BuildError(
+            f"the C++ compiler {cxx} cannot compile a one-line C++17 program ({why}): "
+            "install g++ (apt-get install g++) or set CXX to a working C++17 compiler"
+        )

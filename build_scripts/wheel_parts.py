@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import shutil
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 from build_scripts import progress
-from build_scripts.errors import BuildError
-from build_scripts.fsutil import atomic_dir, atomic_write_text
+from build_scripts.errors import BuildError, damaged_zip
+from build_scripts.fsutil import atomic_dir, atomic_write_text, manifest_problem, write_manifest
 
-_DONE = ".extracted"
+_DONE = ".extracted"  # kept for checkouts that predate the manifest
 
 
 def extract(wheel: Path, dest: Path, want: Callable[[str], bool], label: str) -> Path:
     """Extract the members of ``wheel`` for which ``want(name)`` holds into ``dest``.
 
     ``dest`` is complete or absent: it is filled in a temporary directory and renamed.
+    It is reused only while it matches its manifest; otherwise it is extracted again.
     """
-    if (dest / _DONE).is_file():
-        return dest
+    if dest.is_dir():
+        problem = manifest_problem(dest)
+        if problem is None:
+            return dest
+        progress.step(f"{dest} differs from what was extracted ({problem}): extracting it again")
     try:
         with zipfile.ZipFile(wheel) as zf:
             members = [i for i in zf.infolist() if not i.is_dir() and want(i.filename)]
@@ -42,8 +47,9 @@ def extract(wheel: Path, dest: Path, want: Callable[[str], bool], label: str) ->
                         out.chmod(mode | 0o600)
                     pbar.update(info.file_size)
                 atomic_write_text(tmp / _DONE, "")
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise BuildError(f"cannot read {wheel}: {exc} (delete it to download it again)") from None
+                write_manifest(tmp)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise BuildError(damaged_zip(wheel, exc)) from None
     return dest
 
 

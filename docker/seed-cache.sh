@@ -14,8 +14,7 @@ tag=cp$(echo "$python" | tr -d .)
 mkdir -p "$cache"
 cd "$seed" 2>/dev/null || exit 0
 n=0
-for rel in wheels/torch-"$version"-"$tag"-"$tag"-*.whl wheels/.torch-"$version"-"$tag"-"$tag"-*.whl.verified \
-    cuda-wheels src upstream/"$version"-*; do
+for rel in wheels/torch-"$version"-"$tag"-"$tag"-*.whl cuda-wheels src upstream/"$version"-*; do
     [ -e "$rel" ] || continue
     mkdir -p "$cache/$(dirname "$rel")"
     cp -an "$rel" "$cache/$(dirname "$rel")/"

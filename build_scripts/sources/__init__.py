@@ -2,7 +2,9 @@
 
 Order: ``TORCH_SRC`` (a local tree or tarball), the upstream git repository at the
 pinned commit, then Debian's source package. Whatever served a file, its sha256 must
-match upstream.yaml before the build uses it.
+match upstream.yaml before the build uses it. A warm cache is reused only when it holds
+exactly the pinned files with their hashes, and never when ``TORCH_SRC`` is set: then the
+files are taken from ``TORCH_SRC`` and verified, warm cache or not.
 """
 
 from __future__ import annotations
@@ -57,6 +59,16 @@ def verify_tree(root: Path, files: Sequence[UpstreamFile], served_by: str) -> No
             )
 
 
+def _extra_files(root: Path, files: Sequence[UpstreamFile]) -> str:
+    pinned = {f.path for f in files}
+    extra = sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if not p.is_dir() and p.relative_to(root).as_posix() not in pinned
+    )
+    return ", ".join(extra[:3])
+
+
 def fetch_upstream(
     matrix: VersionMatrix,
     providers: Sequence[Provider] | None = None,
@@ -65,10 +77,14 @@ def fetch_upstream(
     """Return a cached directory holding exactly the pinned upstream files, verified."""
     cache = cache or cache_root()
     dest = cache / "upstream" / f"{matrix.torch_version}-{matrix.upstream.commit[:12]}"
-    if dest.is_dir():
+    torch_src = providers is None and os.environ.get("TORCH_SRC")
+    if dest.is_dir() and not torch_src:
         try:
             verify_tree(dest, matrix.sources, "the cache")
-            return dest
+            extra = _extra_files(dest, matrix.sources)
+            if not extra:
+                return dest
+            progress.step(f"{dest} holds files that are not pinned ({extra}): fetching again")
         except BuildError:
             pass  # stale or tampered: fetch again
     providers = list(providers) if providers is not None else default_providers(cache)

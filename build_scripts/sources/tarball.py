@@ -7,7 +7,7 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from build_scripts.errors import BuildError
+from build_scripts.errors import DISK_ERRNOS, BuildError
 
 
 def extract_members(
@@ -29,7 +29,15 @@ def extract_members(
                     rel = _match_any_prefix(name, wanted)
                 else:
                     rel = name[len(prefix) :] if name.startswith(prefix) else None
-                if rel is None or rel not in wanted or not member.isfile():
+                if rel is None or rel not in wanted:
+                    continue
+                if member.issym():
+                    raise BuildError(
+                        f"source tarball {tarball} stores the pinned file {rel} as a symbolic "
+                        f"link (to {member.linkname}), not as a file: use a tarball that holds "
+                        "the file itself, e.g. one made by `git archive`"
+                    )
+                if not (member.isfile() or member.islnk()):
                     continue
                 src = tar.extractfile(member)
                 if src is None:
@@ -42,15 +50,17 @@ def extract_members(
                 if found == wanted:
                     break
     except (tarfile.TarError, OSError, EOFError) as exc:
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            raise  # the destination's disk, not the tarball: the CLI says which
         raise BuildError(
             f"cannot read source tarball {tarball}: {exc} (delete it to download it again)"
         ) from None
     missing = sorted(wanted - found)
     if missing:
-        where = f"{top_dir}/" if top_dir else ""
+        where = f"under '{top_dir}/'" if top_dir else "at its top level or under one top folder"
         raise BuildError(
-            f"source tarball {tarball} lacks {len(missing)} pinned file(s) under "
-            f"'{where}', e.g. {', '.join(missing[:5])}"
+            f"source tarball {tarball} lacks {len(missing)} pinned file(s) {where}, "
+            f"e.g. {', '.join(missing[:5])}"
         )
 
 

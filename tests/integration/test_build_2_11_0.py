@@ -10,14 +10,19 @@ test_um_cpu_api.py (shared with 2.6.0).
 from __future__ import annotations
 
 import difflib
+import os
+import shutil
+import subprocess
+import sys
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from build_scripts import abi, inject_path, matrix, pipeline, series
 from build_scripts.fsutil import sha256_file
-from build_scripts.paths import REPO_ROOT
+from build_scripts.paths import REPO_ROOT, cache_root
 
 from ..unit.helpers import sha
 from .conftest import (
@@ -121,7 +126,8 @@ def test_patched_file_is_official_plus_the_series(
         for name in names
         for line in _added_lines((m.series_file.parent / name).read_text(), path)
     ]
-    assert added == expected and expected
+    # (in file order, which need not be the series' order: compare as multisets)
+    assert Counter(added) == Counter(expected) and expected
 
 
 def test_engine_library_passes_the_injection_gate(built: pipeline.BuildResult) -> None:
@@ -173,3 +179,88 @@ def test_import_torch_in_fresh_venv(venv: Path, built: pipeline.BuildResult) -> 
     assert sha256_file(Path(got["engine"])) == sha256_file(built.rebuilt_library)
     assert sha256_file(Path(got["c10_cuda"])) == sha256_file(built.official_library)
     pip_check(venv)
+
+
+# A library with the file name of one torch preloads, announcing that it was loaded.
+PLANTED = r"""
+#include <cstdio>
+#include <cstdlib>
+__attribute__((constructor)) static void planted() {
+  if (const char* out = std::getenv("UM_PLANTED_MARKER")) {
+    if (FILE* f = std::fopen(out, "w")) { std::fputs("loaded\n", f); std::fclose(f); }
+  }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def stock_venv(venv: Path, official_wheel: Path) -> Path:
+    """Stock torch 2.11.0 (the official wheel) in a venv of its own that takes every other
+    package from the +um venv (a .pth file; its nvidia/ folder linked where the official
+    libraries' RPATH expects it). Kept in the cache, remade when the wheel changes."""
+    root = cache_root() / "test-venv" / "cp311-2.11.0-stock"
+    py = root / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = Path(
+        subprocess.check_output(
+            [str(py), "-c", "import site; print(site.getsitepackages()[0])"], text=True
+        ).strip()
+    )
+    um_site = Path(
+        subprocess.check_output(
+            [str(venv), "-c", "import site; print(site.getsitepackages()[0])"], text=True
+        ).strip()
+    )
+    marker = root / ".installed-wheel"
+    if not marker.exists() or marker.read_text() != official_wheel.name:
+        shutil.rmtree(site / "torch", ignore_errors=True)
+        pip = [str(venv), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        pip += ["--no-deps", "--no-compile", "--upgrade", "--target", str(site)]
+        subprocess.run([*pip, str(official_wheel)], check=True)
+        (site / "um-deps.pth").write_text(f"{um_site}\n")
+        if not (site / "nvidia").exists():
+            (site / "nvidia").symlink_to(um_site / "nvidia")
+        marker.write_text(official_wheel.name)
+    return py
+
+
+@pytest.mark.parametrize("where", ["current directory", "script directory"])
+def test_cuda_libraries_load_only_from_the_installation(
+    venv: Path, stock_venv: Path, tmp_path: Path, where: str
+) -> None:
+    """Upstream's loader searches sys.path, which starts with the current directory (python
+    -c) or the script's: stock torch loads a library planted there on import; the +um wheel
+    (patch 0003) does not."""
+    planted_dir = tmp_path / "planted"
+    lib = planted_dir / "nvidia" / "cu13" / "lib" / "libcublasLt.so.13"
+    lib.parent.mkdir(parents=True)
+    (tmp_path / "planted.cpp").write_text(PLANTED)
+    cxx = os.environ.get("CXX") or "c++"
+    subprocess.run(
+        [cxx, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "planted.cpp")], check=True
+    )
+    code = "import torch; print(torch.__version__)"
+    if where == "script directory":
+        (planted_dir / "script.py").write_text(code + "\n")
+        args, cwd = [str(planted_dir / "script.py")], tmp_path
+    else:
+        args, cwd = ["-c", code], planted_dir
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTORCH_", "TORCH_"))
+    }
+    loaded = {}
+    for name, py in (("stock", stock_venv), ("um", venv)):
+        marker = tmp_path / f"{name}.loaded"
+        proc = subprocess.run(
+            [str(py), "-W", "ignore", *args],
+            cwd=cwd,
+            env={**clean, "UM_PLANTED_MARKER": str(marker)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split()[-1] == ("2.11.0+cu130" if name == "stock" else "2.11.0+um")
+        loaded[name] = marker.exists()
+    assert loaded == {"stock": True, "um": False}

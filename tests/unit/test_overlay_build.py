@@ -91,3 +91,14 @@ def test_configure_error(tmp_path: Path) -> None:
         BuildError, match="(?s)cmake configure of c10_overlay failed .*UM_X is not set"
     ):
         overlay_build.build(inputs, tmp_path / "b")
+
+
+def test_built_library_changed_in_the_cache_is_linked_again(tmp_path: Path) -> None:
+    """Ninja trusts a newer output; the build does not: a library that differs from the
+    one it built is removed and linked again."""
+    inputs = _inputs(tmp_path, FAKE_CMAKE)
+    build_dir = overlay_build.build_dir_for(tmp_path / "cache", "9.1.0", "3.11", inputs)
+    lib = overlay_build.build(inputs, build_dir)
+    good = lib.read_bytes()
+    lib.write_bytes(b"\x7fELF poisoned" + good[14:])  # newer than its inputs, same size
+    assert overlay_build.build(inputs, build_dir).read_bytes() == good
