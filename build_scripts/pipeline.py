@@ -6,7 +6,7 @@ result when its inputs did not change, so a warm rerun takes seconds.
 
  1. matrix         load patches/<version>/upstream.yaml (what to fetch, with hashes)
  2. official       the official wheel and the CUDA header packages (pip download)
- 3-6. the integration path the version names (design notes, section 6):
+ 3-6. integration  the path the version names (an IntegrationPath; docs/design.md):
       source_path  upstream c10/cuda + patch series + engine -> libc10_cuda.so, ABI gate
       inject_path  engine -> libtorch_um.so + patched Python files that load it
  7. platform_tag   the honest manylinux tag of the result
@@ -19,15 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from build_scripts import (
-    inject_path,
-    matrix,
-    official,
-    platform_tag,
-    progress,
-    repack,
-    source_path,
-)
+from build_scripts import integration, matrix, official, platform_tag, progress, repack
 
 __all__ = ["BuildResult", "build", "overlay_python_files", "repack_if_changed"]
 from build_scripts.changes import overlay_python_files
@@ -71,7 +63,7 @@ def build(
     inputs = official.fetch_inputs(m, python, cache)
 
     # 3-6. The engine, reached through the path this version takes.
-    path = source_path if m.integration == "source" else inject_path
+    path = integration.for_version(m)
     changes = path.build(m, inputs, python, repo=repo, cache=cache, toolchain=tools)
 
     # 7. The platform tag the result honestly has.
