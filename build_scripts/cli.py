@@ -17,7 +17,7 @@ from pathlib import Path
 
 from build_scripts import integration, matrix, repack, series
 from build_scripts.errors import BuildError
-from build_scripts.paths import cache_root
+from build_scripts.paths import cache_root, patches_root
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="upstream tree to refresh onto (default: the pinned upstream files)",
     )
+
+    va = sub.add_parser("version", help="maintain patches/<version>/")
+    vsub = va.add_subparsers(dest="version_command", required=True)
+    add = vsub.add_parser("add", help="pin a new injection-path version and port its series")
+    add.add_argument("version", help="torch release, e.g. 2.15.0")
+    add.add_argument("--from", dest="base", default=None, help="version to port from")
+    add.add_argument("--dest", type=Path, default=None, help="folder (patches/<version>)")
+    add.add_argument("--no-build", action="store_true", help="skip the build check")
 
     v = sub.add_parser("validate", help="validate the RECORD of a wheel")
     v.add_argument("wheel", type=Path)
@@ -92,6 +100,16 @@ def run(argv: Sequence[str] | None = None) -> int:
         upstream = args.source or _series_base(m)
         changed = series.refresh(m.series_file, upstream)
         print("refreshed: " + (", ".join(changed) if changed else "nothing changed"))
+    elif args.command == "version":
+        from build_scripts import pipeline, version_add
+
+        dest = version_add.add(
+            args.version, root=patches_root(), cache=cache_root(), base=args.base, dest=args.dest
+        )
+        print(dest)
+        if not args.no_build and args.dest is None:
+            _series_check(matrix.load(args.version))
+            print(pipeline.build(args.version, "3.11").wheel)
     elif args.command == "validate":
         repack.validate(args.wheel)
         print(f"{args.wheel}: RECORD valid")
