@@ -128,7 +128,7 @@ def test_engine_library_passes_the_injection_gate(built: pipeline.BuildResult) -
         assert versions.get(name) == "libcudart.so.13", (name, versions.get(name))
     assert not any(v == "libcudart.so.13" for n, v in versions.items() if n.startswith("torch_um"))
     functions = c_api.function_names()  # the headers decide (tests/unit/test_c_api.py)
-    assert len(functions) == 12
+    assert len(functions) >= 12
     missing = [name for name in functions if name not in elf.exported]
     assert missing == []
     assert abi.imports_symbol(elf, "cudaMallocManaged")
