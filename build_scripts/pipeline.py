@@ -99,7 +99,8 @@ def repack_if_changed(
             "files": {k: _content_digest(v) for k, v in sorted(files.items())},
         }
     )
-    stamp = cache / "stamps" / f"{out.name}.json"
+    # One stamp per output folder: worktrees sharing the cache build the same file name.
+    stamp = cache / "stamps" / f"{digest_of(str(dist.resolve()))[:12]}-{out.name}.json"
     if _stamp_matches(stamp, out, stamp_key):
         progress.step(f"{out} is up to date")
         return out, True
