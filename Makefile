@@ -1,11 +1,12 @@
 # torch-X.Y.Z+um wheels: `make build`, `make test`. See README.md.
 #
-#   make build TORCH_VERSION=2.6.0 PYTHON=3.12   wheel for another CPython
+#   make build TORCH_VERSION=2.6.0 PYTHON=3.12   another version, another CPython
 #   make test                                     lint + unit + integration tests
 #   make test-unit                                without the real build (fast)
 
-# The one place the default torch version is set.
-TORCH_VERSION ?= 2.11.0
+# Default: the newest version verified on a GPU host, as build_scripts/matrix.py decides
+# (`python -m build_scripts versions --default`); evaluated once, when first used.
+TORCH_VERSION ?= $(eval TORCH_VERSION := $(shell $(VPY) -m build_scripts versions --default))$(TORCH_VERSION)
 # CPython version of the wheel to build (not the interpreter that runs the build).
 PYTHON ?= 3.11
 # Interpreter that creates .venv.

@@ -1,5 +1,9 @@
 """ELF facts of a shared library (pyelftools) and the ABI gate for the rebuilt one.
 
+Every ELF read of the pipeline is here: :func:`read_elf` (SONAME, NEEDED, RPATH, exported
+and imported dynamic symbols, the symbol versions it needs) and :func:`exported_versions`
+(the version node each exported symbol is defined in, which the injection gate checks).
+
 The gate: every dynamic symbol the official library defines and exports whose mangled
 name contains ``c10`` must be exported by the rebuilt library too, its SONAME must be the
 same, and its NEEDED entries may differ only as upstream.yaml's ``overlay`` allows.
@@ -16,7 +20,7 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection
+from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection, GNUVerSymSection
 from elftools.elf.sections import SymbolTableSection
 
 from build_scripts.errors import BuildError
@@ -85,6 +89,36 @@ def read_elf(path: Path) -> ElfInfo:
         undefined=frozenset(undefined),
         version_needs=frozenset(versions),
     )
+
+
+def exported_versions(path: Path) -> dict[str, str]:
+    """Defined dynamic symbols of ``path`` -> the version node they are defined in ("" if none)."""
+    try:
+        with path.open("rb") as f:
+            elf = ELFFile(f)
+            dynsym = elf.get_section_by_name(".dynsym")
+            versym = next((s for s in elf.iter_sections() if isinstance(s, GNUVerSymSection)), None)
+            verdef = next((s for s in elf.iter_sections() if isinstance(s, GNUVerDefSection)), None)
+            names: dict[int, str] = {}
+            if verdef is not None:
+                for vd, auxiliaries in verdef.iter_versions():
+                    aux = next(iter(auxiliaries), None)
+                    if aux is not None:
+                        names[vd["vd_ndx"]] = aux.name
+            out: dict[str, str] = {}
+            if not isinstance(dynsym, SymbolTableSection):
+                return out
+            for i, sym in enumerate(dynsym.iter_symbols()):
+                if not sym.name or sym["st_shndx"] == "SHN_UNDEF":
+                    continue
+                ndx = versym.get_symbol(i)["ndx"] if versym is not None else 1
+                if isinstance(ndx, str):  # VER_NDX_LOCAL / VER_NDX_GLOBAL
+                    out[sym.name] = ""
+                else:
+                    out[sym.name] = names.get(int(ndx) & 0x7FFF, "")
+            return out
+    except (OSError, ELFError) as exc:
+        raise BuildError(f"cannot read ELF file {path}: {exc}") from None
 
 
 def imports_symbol(info: ElfInfo, name: str) -> bool:

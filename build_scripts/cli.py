@@ -1,4 +1,7 @@
-"""``python -m build_scripts``: build wheels and maintain patch series.
+"""``python -m build_scripts``: build wheels, GPU bundles, and maintain versions and series.
+
+Without ``--torch-version`` a command takes the default version: the newest one verified on
+a GPU host (``gpu_verified`` in its upstream.yaml; ``versions --default`` prints it).
 
 Errors are printed as ``error: <message>`` with exit status 2, never as a traceback.
 """
@@ -14,10 +17,10 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from build_scripts import matrix, repack, series, sources
+from build_scripts import integration, matrix, repack, series
 from build_scripts.errors import BuildError
 from build_scripts.fsutil import mebibytes, mount_point
-from build_scripts.paths import REPO_ROOT, cache_root
+from build_scripts.paths import REPO_ROOT, cache_root, patches_root
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,18 +28,25 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="build dist/torch-X.Y.Z+um-*.whl")
-    b.add_argument("--torch-version", required=True)
+    _version_arg(b)
     b.add_argument("--python", default="3.11", help="CPython version of the wheel (3.11)")
     b.add_argument("--dist", type=Path, default=None, help="output directory (dist/)")
 
-    sub.add_parser("versions", help="list supported torch versions")
+    g = sub.add_parser("bundle", help="write the GPU-host bundle of an injection-path version")
+    _version_arg(g)
+    g.add_argument("--python", default="3.11", help="CPython version of the wheel (3.11)")
+    g.add_argument("--dest", type=Path, default=None, help="output folder (.device/inject)")
+    g.add_argument("--no-pytest", action="store_true", help="do not add pytest to the bundle")
+
+    ls = sub.add_parser("versions", help="list supported torch versions")
+    ls.add_argument("--default", action="store_true", help="print the default version only")
 
     s = sub.add_parser("series", help="maintain patches/<version>/series")
     ssub = s.add_subparsers(dest="series_command", required=True)
     c = ssub.add_parser("check", help="apply the series onto the pinned upstream, no fuzz")
-    c.add_argument("--torch-version", required=True)
+    _version_arg(c)
     r = ssub.add_parser("refresh", help="re-apply and rewrite the patches with fresh context")
-    r.add_argument("--torch-version", required=True)
+    _version_arg(r)
     r.add_argument(
         "--source",
         type=Path,
@@ -44,9 +54,29 @@ def _parser() -> argparse.ArgumentParser:
         help="upstream tree to refresh onto (default: the pinned upstream files)",
     )
 
+    va = sub.add_parser("version", help="maintain patches/<version>/")
+    vsub = va.add_subparsers(dest="version_command", required=True)
+    add = vsub.add_parser("add", help="pin a new injection-path version and port its series")
+    add.add_argument("version", help="torch release, e.g. 2.15.0")
+    add.add_argument("--from", dest="base", default=None, help="version to port from")
+    add.add_argument("--dest", type=Path, default=None, help="folder (patches/<version>)")
+    add.add_argument("--no-build", action="store_true", help="skip the build check")
+
     v = sub.add_parser("validate", help="validate the RECORD of a wheel")
     v.add_argument("wheel", type=Path)
     return p
+
+
+def _version_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--torch-version",
+        default=None,
+        help="torch version (default: the newest one verified on a GPU host)",
+    )
+
+
+def _version(args: argparse.Namespace) -> str:
+    return str(args.torch_version) if args.torch_version else matrix.default_version()
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -54,17 +84,35 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.command == "build":
         from build_scripts import pipeline
 
-        result = pipeline.build(args.torch_version, args.python, dist=args.dist)
+        result = pipeline.build(_version(args), args.python, dist=args.dist)
         print(result.wheel)
+    elif args.command == "bundle":
+        from build_scripts import bundle
+
+        dest = args.dest or bundle.DEFAULT_DEST
+        print(bundle.bundle(dest, _version(args), args.python, pylib=not args.no_pytest))
     elif args.command == "versions":
-        print("\n".join(matrix.supported_versions()))
+        if args.default:
+            print(matrix.default_version())
+        else:
+            print("\n".join(matrix.supported_versions()))
     elif args.command == "series":
-        m = matrix.load(args.torch_version)
+        m = matrix.load(_version(args))
         if args.series_command == "check":
             return _series_check(m)
         upstream = args.source or _series_base(m)
         changed = series.refresh(m.series_file, upstream)
         print("refreshed: " + (", ".join(changed) if changed else "nothing changed"))
+    elif args.command == "version":
+        from build_scripts import pipeline, version_add
+
+        dest = version_add.add(
+            args.version, root=patches_root(), cache=cache_root(), base=args.base, dest=args.dest
+        )
+        print(dest)
+        if not args.no_build and args.dest is None:
+            _series_check(matrix.load(args.version))
+            print(pipeline.build(args.version, "3.11").wheel)
     elif args.command == "validate":
         repack.validate(args.wheel)
         print(f"{args.wheel}: RECORD valid")
@@ -72,15 +120,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _series_base(m: matrix.VersionMatrix) -> Path:
-    """What the series applies to: the pinned upstream files, or on the injection path the
-    official wheel's Python files (its ``sources`` pin them as found in the wheel)."""
-    if m.integration == "inject":
-        from build_scripts import inject_path, official
-
-        cache = cache_root()
-        inputs = official.fetch_inputs(m, m.wheel.files[0].python, cache)
-        return inject_path.official_sources(m, inputs, cache)
-    return sources.fetch_upstream(m)
+    """What the series applies to, as the version's integration path says."""
+    return integration.for_version(m).series_base(m, cache_root())
 
 
 def _series_check(m: matrix.VersionMatrix) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 
 import yaml
 
+from build_scripts import wheelname
 from build_scripts.errors import BuildError
 from build_scripts.paths import patches_root
 
@@ -39,7 +40,12 @@ class WheelPin:
     @property
     def platform(self) -> str:
         """The platform tag in the registry file name (e.g. ``manylinux1_x86_64``)."""
-        return self.filename[: -len(".whl")].split("-")[-1]
+        return wheelname.parse(self.filename).platform
+
+    @property
+    def version(self) -> str:
+        """The exact version in the file name (``2.13.0``; ``2.13.0+cpu`` would differ)."""
+        return wheelname.parse(self.filename).version
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,9 @@ class VersionMatrix:
     overlay: Overlay
     sources: tuple[UpstreamFile, ...]
     directory: Path  # patches/<version>
+    #: the record of a passed run of tests/gpu on a GPU host (path in the repository), or
+    #: None: not verified on a GPU. The default version is the newest one that has one.
+    gpu_verified: str | None = None
 
     @property
     def um_version(self) -> str:
@@ -135,6 +144,19 @@ def supported_versions(root: Path | None = None) -> list[str]:
         return []
     found = [d.name for d in root.iterdir() if (d / "upstream.yaml").is_file()]
     return sorted(found, key=_version_key)
+
+
+def default_version(root: Path | None = None) -> str:
+    """The newest supported version whose ``upstream.yaml`` names a GPU record
+    (``gpu_verified``): what ``make build`` builds when no TORCH_VERSION is given."""
+    root = root or patches_root()
+    verified = [v for v in supported_versions(root) if load(v, root).gpu_verified]
+    if not verified:
+        raise BuildError(
+            f"no version under {root} is verified on a GPU (gpu_verified in upstream.yaml): "
+            "pass TORCH_VERSION=<version>"
+        )
+    return verified[-1]
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -249,6 +271,16 @@ def parse(raw: Any, path: Path) -> VersionMatrix:
     if integration == "source" and not sources:
         raise BuildError(f"{path}: integration 'source' needs a non-empty 'sources' map")
 
+    gpu = doc.get("gpu_verified")
+    if gpu is not None:
+        gpu = r.get(doc, "gpu_verified", str, "")
+        record = path.parent.parent.parent / gpu  # patches/<version>/upstream.yaml
+        if gpu.startswith("/") or ".." in gpu.split("/") or not record.is_file():
+            raise BuildError(
+                f"{path}: gpu_verified must name a GPU record in the repository, "
+                f"and {gpu!r} is not one"
+            )
+
     return VersionMatrix(
         torch_version=version,
         integration=cast(Integration, integration),
@@ -259,6 +291,7 @@ def parse(raw: Any, path: Path) -> VersionMatrix:
         overlay=overlay,
         sources=sources,
         directory=path.parent,
+        gpu_verified=gpu,
     )
 
 

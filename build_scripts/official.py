@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from build_scripts import fetch, matrix, progress, wheel_parts
+from build_scripts import fetch, matrix, progress, wheel_parts, wheelname
 from build_scripts.errors import BuildError
 from build_scripts.fsutil import digest_of, sha256_file
 
@@ -36,8 +36,10 @@ def fetch_inputs(m: matrix.VersionMatrix, python: str, cache: Path) -> OfficialI
         f"torch {m.um_version} for Python {python} ({m.integration} path): "
         f"official wheel {pin.filename}"
     )
+    # ``===``: exactly the pinned version; ``==2.13.0`` also matches ``2.13.0+cpu``, which
+    # pip prefers when the registry has both.
     wheel = fetch.pip_download(
-        f"torch=={m.torch_version}",
+        f"torch==={pin.version}",
         pin.filename,
         pin.sha256,
         cached_wheel(cache, pin).parent,
@@ -49,12 +51,12 @@ def fetch_inputs(m: matrix.VersionMatrix, python: str, cache: Path) -> OfficialI
     cudart: Path | None = None
     for pkg in m.cuda_packages:
         whl = fetch.pip_download(
-            f"{pkg.name}=={pkg.version}",
+            f"{pkg.name}==={pkg.version}",
             pkg.filename,
             pkg.sha256,
             cache / "cuda-wheels",
             python_version=python,
-            platform=first_platform(pkg.filename),
+            platform=wheelname.parse(pkg.filename).platform,
         )
         lib = pkg.library
         root = wheel_parts.extract(
@@ -71,19 +73,30 @@ def fetch_inputs(m: matrix.VersionMatrix, python: str, cache: Path) -> OfficialI
     return OfficialInputs(wheel, pin, tuple(cuda_include), cudart)
 
 
+def work_dir(cache: Path, kind: str, m: matrix.VersionMatrix, official: OfficialInputs) -> Path:
+    """The one cache-key scheme of both paths: what is derived from one official wheel lives
+    in ``<cache>/<kind>/<torch version>-<first 16 hex digits of the wheel's sha256>``."""
+    return cache / kind / f"{m.torch_version}-{official.pin.sha256[:16]}"
+
+
 def headers_and_libraries(m: matrix.VersionMatrix, official: OfficialInputs, cache: Path) -> Path:
     """The official wheel's ``torch/include`` and the c10 libraries the overlay library
     links against or replaces, extracted once per wheel."""
     wanted = {m.overlay.library, m.overlay.link_library, "torch/lib/libc10.so"}
     return wheel_parts.extract(
         official.wheel,
-        cache / "unpacked" / official.pin.sha256[:16],
+        work_dir(cache, "unpacked", m, official),
         lambda n: n.startswith("torch/include/") or n in wanted,
         "torch/include + c10 libraries",
     )
 
 
-def wheel_files(official: OfficialInputs, pins: Iterable[matrix.UpstreamFile], cache: Path) -> Path:
+def wheel_files(
+    m: matrix.VersionMatrix,
+    official: OfficialInputs,
+    pins: Iterable[matrix.UpstreamFile],
+    cache: Path,
+) -> Path:
     """The official wheel's copies of the pinned files, each checked against its sha256.
 
     For files that the wheel ships unchanged from upstream (Python sources): what a series
@@ -94,7 +107,7 @@ def wheel_files(official: OfficialInputs, pins: Iterable[matrix.UpstreamFile], c
     wanted = {f.path for f in pins}
     root = wheel_parts.extract(
         official.wheel,
-        cache / "wheel-files" / f"{official.pin.sha256[:16]}-{key}",
+        work_dir(cache, "wheel-files", m, official) / key,
         lambda n: n in wanted,
         "pinned Python files",
     )
@@ -112,8 +125,3 @@ def wheel_files(official: OfficialInputs, pins: Iterable[matrix.UpstreamFile], c
 def under(directory: str, also: str | None = None) -> Callable[[str], bool]:
     """Wheel member filter: everything under ``directory``, plus the file ``also``."""
     return lambda name: name.startswith(directory + "/") or name == also
-
-
-def first_platform(filename: str) -> str:
-    """First platform tag of a wheel file name (pip takes one, not a compressed set)."""
-    return filename.removesuffix(".whl").rsplit("-", 1)[-1].split(".")[0]

@@ -12,6 +12,7 @@ The CMake contract (c10_overlay/CMakeLists.txt implements it)::
       -DUM_CXX11_ABI=0|1
       -DUM_SONAME=libc10_cuda.so
       -DUM_RPATH=<RPATH of the official library>
+      -DUM_CXX_STANDARD=17|20                          # what the wheel's TorchConfig.cmake says
     cmake --build <builddir>                           # -> <builddir>/libc10_cuda.so
 
 The build directory lives in the cache, keyed by torch version, Python and the configure
@@ -26,6 +27,7 @@ import os
 import re
 import shutil
 import subprocess
+import zipfile
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,7 @@ class OverlayInputs:
     soname: str
     rpath: str
     mode: str = "source"
+    cxx_standard: int = 17
 
     def cmake_defines(self) -> dict[str, str]:
         upstream = (
@@ -69,6 +72,7 @@ class OverlayInputs:
             "UM_CXX11_ABI": str(self.cxx11_abi),
             "UM_SONAME": self.soname,
             "UM_RPATH": self.rpath,
+            "UM_CXX_STANDARD": str(self.cxx_standard),
         }
 
 
@@ -97,9 +101,30 @@ def build_for_version(
         soname=m.overlay.soname,
         rpath=rpath,
         mode=m.integration,
+        cxx_standard=cxx_standard(official.wheel),
     )
     build_dir = build_dir_for(cache, m.torch_version, python, inputs, toolchain)
     return build(inputs, build_dir, toolchain=toolchain)
+
+
+_CXX_STANDARD = re.compile(r"^\s*CXX_STANDARD\s+(\d+)\s*$", re.M)
+_TORCH_CONFIG = "torch/share/cmake/Torch/TorchConfig.cmake"
+
+
+def cxx_standard(wheel: Path) -> int:
+    """The C++ standard the official wheel's headers need: its TorchConfig.cmake's
+    ``CXX_STANDARD`` (17 up to torch 2.12, 20 from 2.13); 17 when it names none."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            text = zf.read(_TORCH_CONFIG).decode()
+    except KeyError:
+        return 17
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise BuildError(f"cannot read {wheel}: {exc} (delete it to download it again)") from None
+    found = {int(v) for v in _CXX_STANDARD.findall(text)}
+    if len(found) > 1:
+        raise BuildError(f"{wheel.name}: {_TORCH_CONFIG} names several C++ standards {found}")
+    return found.pop() if found else 17
 
 
 def configure_command(tc: Toolchain, inputs: OverlayInputs, build_dir: Path) -> list[str]:

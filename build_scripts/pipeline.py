@@ -9,7 +9,7 @@ same version waits); then the leftovers of killed runs are swept.
 
  1. matrix         load patches/<version>/upstream.yaml (what to fetch, with hashes)
  2. official       the official wheel and the CUDA header packages (pip download)
- 3-6. the integration path the version names (design notes, section 6):
+ 3-6. integration  the path the version names (an IntegrationPath; docs/design.md):
       source_path  upstream c10/cuda + patch series + engine -> libc10_cuda.so, ABI gate
       inject_path  engine -> libtorch_um.so + patched Python files that load it
  7. platform_tag   the honest manylinux tag of the result
@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from build_scripts import (
-    inject_path,
+    integration,
     locks,
     matrix,
     official,
     platform_tag,
     progress,
     repack,
-    source_path,
 )
 
 __all__ = ["BuildResult", "build", "overlay_python_files", "repack_if_changed"]
@@ -110,7 +109,7 @@ def _build(
     inputs = official.fetch_inputs(m, python, cache)
 
     # 3-6. The engine, reached through the path this version takes.
-    path = source_path if m.integration == "source" else inject_path
+    path = integration.for_version(m)
     changes = path.build(m, inputs, python, repo=repo, cache=cache, toolchain=tools)
 
     # 7. The platform tag the result honestly has.
@@ -194,8 +193,8 @@ def repack_if_changed(
             "files": {k: _content_digest(v) for k, v in sorted(files.items())},
         }
     )
-    # one stamp per output folder: checkouts sharing the cache write their own dist/
-    stamp = cache / "stamps" / f"{out.name}.{digest_of(str(dist.resolve()))[:8]}.json"
+    # One stamp per output folder: checkouts sharing the cache build the same file name.
+    stamp = cache / "stamps" / f"{digest_of(str(dist.resolve()))[:12]}-{out.name}.json"
     if _stamp_matches(stamp, out, stamp_key):
         progress.step(f"{out} is up to date")
         return out, True

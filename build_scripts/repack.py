@@ -28,7 +28,7 @@ from installer.records import Hash, RecordEntry, parse_record_file
 from installer.sources import WheelFile
 from installer.utils import copyfileobj_with_hashing
 
-from build_scripts import progress
+from build_scripts import progress, wheelname
 from build_scripts.errors import BuildError, damaged_zip
 from build_scripts.fsutil import atomic_path
 
@@ -51,31 +51,11 @@ class RepackSpec:
     version_py: str | None = "torch/version.py"
 
 
-@dataclass(frozen=True)
-class WheelName:
-    name: str
-    version: str
-    build: str | None
-    python: str
-    abi: str
-    platform: str
-
-    @classmethod
-    def parse(cls, filename: str) -> WheelName:
-        parts = filename.removesuffix(".whl").split("-")
-        if not filename.endswith(".whl") or len(parts) not in (5, 6):
-            raise BuildError(f"{filename} is not a wheel file name")
-        build = parts[2] if len(parts) == 6 else None
-        return cls(parts[0], parts[1], build, *parts[-3:])
-
-    def filename(self) -> str:
-        build = f"-{self.build}" if self.build else ""
-        return f"{self.name}-{self.version}{build}-{self.python}-{self.abi}-{self.platform}.whl"
-
-
 def output_name(source: Path, version: str, platform: str) -> str:
-    src = WheelName.parse(source.name)
-    return WheelName(src.name, version, None, src.python, src.abi, platform).filename()
+    """The repacked wheel's name: ``version`` and ``platform`` replace the official ones;
+    a build tag of the official file (``torch-2.10.0-3-...``) is not carried over."""
+    src = wheelname.parse(source.name)
+    return wheelname.WheelName(src.name, version, None, src.python, src.abi, (platform,)).filename()
 
 
 def rewrite_wheel_file(text: str, platform: str) -> str:
@@ -173,7 +153,7 @@ def repack(spec: RepackSpec) -> Path:
     """Write the new wheel into ``spec.out_dir`` atomically; return its path."""
     out_name = output_name(spec.source, spec.version, spec.platform)
     dest = spec.out_dir / out_name
-    src_name = WheelName.parse(spec.source.name)
+    src_name = wheelname.parse(spec.source.name)
     try:
         src = zipfile.ZipFile(spec.source)
     except zipfile.BadZipFile as exc:

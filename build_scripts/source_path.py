@@ -21,9 +21,39 @@ from pathlib import Path
 from build_scripts import abi, matrix, overlay_build, progress, series, sources
 from build_scripts.changes import WheelChanges
 from build_scripts.errors import BuildError
-from build_scripts.official import OfficialInputs, headers_and_libraries
+from build_scripts.integration import WheelEdit
+from build_scripts.matrix import Integration
+from build_scripts.official import OfficialInputs, headers_and_libraries, work_dir
 from build_scripts.official import wheel_files as official_files
 from build_scripts.toolchain import Toolchain
+
+
+class SourcePath:
+    """``integration: source`` (IntegrationPath)."""
+
+    @property
+    def name(self) -> Integration:
+        return "source"
+
+    def wheel_edit(self, m: matrix.VersionMatrix) -> WheelEdit:
+        shipped = tuple(f.path for f in m.sources if f.path.startswith("torch/"))
+        return WheelEdit(replaced=(m.overlay.library, *shipped), added=())
+
+    def series_base(self, m: matrix.VersionMatrix, cache: Path) -> Path:
+        """The pinned upstream files (TORCH_SRC, git, Debian), verified."""
+        return sources.fetch_upstream(m, cache=cache)
+
+    def build(
+        self,
+        m: matrix.VersionMatrix,
+        official: OfficialInputs,
+        python: str,
+        *,
+        repo: Path,
+        cache: Path,
+        toolchain: Toolchain,
+    ) -> WheelChanges:
+        return build(m, official, python, repo=repo, cache=cache, toolchain=toolchain)
 
 
 def build(
@@ -42,7 +72,7 @@ def build(
     upstream = sources.fetch_upstream(m, cache=cache)
 
     # 4. The patch series, applied with no fuzz into a scratch copy.
-    patched = series.patched_tree(upstream, m.series_file, cache / "patched" / m.torch_version)
+    patched = series.patched_tree(upstream, m.series_file, work_dir(cache, "patched", m, official))
 
     # 5. The overlay library, built against the official headers and libc10.so.
     official_lib = unpacked / m.overlay.library
@@ -78,6 +108,9 @@ def build(
     files = {m.overlay.library: library}
     shipped = [f for f in m.sources if f.path.startswith("torch/")]
     if shipped:
-        official_files(official, shipped, cache)
+        official_files(m, official, shipped, cache)
         files.update({f.path: patched / f.path for f in shipped})
     return WheelChanges(library, rebuilt, official_lib, files)
+
+
+PATH = SourcePath()

@@ -330,8 +330,10 @@ namespace {
 
 using c10::cuda::um::writeError;
 
-void onTrace(const c10::CachingDeviceAllocator::TraceEntry& e) {
-  using A = c10::CachingDeviceAllocator::TraceEntry::Action;
+// Compatibility (trace tracker): TraceEntry by the name every version has
+// (2.10+ moved it to c10::CachingDeviceAllocator, with a using-declaration here).
+void onTrace(const c10::cuda::CUDACachingAllocator::TraceEntry& e) {
+  using A = c10::cuda::CUDACachingAllocator::TraceEntry::Action;
   // Called with the allocator's device lock held: counters only (the
   // engine's inlet is a tracker of its own, Events.cpp).
   switch (e.action_) {

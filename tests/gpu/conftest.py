@@ -5,7 +5,7 @@ Runs against a torch whose package is set up exactly as a ``+um`` wheel has it
 cleanly without torch or without a GPU; with ``TORCH_UM_GPU_REQUIRE=1`` (set by
 the device script) a missing engine is a failure, not a skip.
 
-Managed-memory safety rule (design notes, section 4): free GPU memory is read
+Managed-memory safety rule (docs/design.md, "Safety rule for every GPU run"): free GPU memory is read
 once at the start, and every test runs with the engine's total cap
 (``max_managed``) at 80 % of it or less. Oversubscription is exercised against
 a device budget far below free memory, never against physical memory.

@@ -2,7 +2,7 @@
 
     python3 tests/gpu/stage_torch.py --bundle .device/inject --dest /tmp/x/site
 
-``--bundle`` is the folder ``python -m build_scripts.inject_path bundle`` writes:
+``--bundle`` is the folder ``python -m build_scripts bundle`` writes:
 ``manifest.json`` and, under ``files/``, every file the ``+um`` wheel adds or
 replaces (``torch/lib/libtorch_um.so``, the patched ``torch/__init__.py`` and
 ``torch/cuda/__init__.py``, ``torch/cuda/um.py``). ``--dest`` becomes a

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from build_scripts import abi, inject_path, matrix, pipeline, series
+from build_scripts import abi, c_api, inject_path, matrix, pipeline, series
 from build_scripts.fsutil import sha256_file
 from build_scripts.paths import REPO_ROOT, cache_root
 
@@ -39,20 +39,6 @@ pytestmark = pytest.mark.integration
 VERSION = "2.11.0"
 PATCHED = ("torch/__init__.py", "torch/cuda/__init__.py")
 ADDED = ("torch/cuda/um.py", "torch/lib/libtorch_um.so")
-C_API = (  # everything torch/cuda/um.py binds with ctypes
-    "torch_um_abi_version",
-    "torch_um_configure",
-    "torch_um_get_config",
-    "torch_um_enabled",
-    "torch_um_is_managed",
-    "torch_um_get_stats",
-    "torch_um_reset_peak",
-    "torch_um_prefetch",
-    "torch_um_advise",
-    "torch_um_inject_attach",
-    "torch_um_inject_info",
-    "torch_um_inject_library_path",
-)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +123,7 @@ def test_engine_library_passes_the_injection_gate(built: pipeline.BuildResult) -
     assert elf.soname == "libtorch_um.so"
     assert elf.rpath == official.rpath and elf.rpath
     assert "libcudart.so.13" in elf.needed
-    versions = inject_path.exported_versions(built.rebuilt_library)
+    versions = abi.exported_versions(built.rebuilt_library)
     for name in (
         "cudaMalloc",
         "cudaFree",
@@ -147,11 +133,13 @@ def test_engine_library_passes_the_injection_gate(built: pipeline.BuildResult) -
     ):
         assert versions.get(name) == "libcudart.so.13", (name, versions.get(name))
     assert not any(v == "libcudart.so.13" for n, v in versions.items() if n.startswith("torch_um"))
-    missing = [name for name in C_API if name not in elf.exported]
+    functions = c_api.function_names()  # the headers decide (tests/unit/test_c_api.py)
+    assert len(functions) >= 12
+    missing = [name for name in functions if name not in elf.exported]
     assert missing == []
     assert abi.imports_symbol(elf, "cudaMallocManaged")
     assert not abi.imports_symbol(elf, "cudaMalloc")  # it defines it
-    inject_path.check_gate(elf, "libtorch_um.so", official.rpath, "libcudart.so.13")
+    inject_path.check_gate(elf, "libtorch_um.so", official.rpath, "libcudart.so.13", functions)
 
 
 def test_make_build_defaults_to_this_version(built: pipeline.BuildResult) -> None:

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from build_scripts import inject_path, matrix, official, pipeline, source_path
+from build_scripts import inject_path, integration, matrix, official, pipeline, source_path
 from build_scripts.errors import BuildError
 from build_scripts.paths import REPO_ROOT
 
@@ -117,15 +118,44 @@ def test_pipeline_dispatches_to_the_integration_path(
         return fake_build
 
     monkeypatch.setattr(official, "fetch_inputs", fake_fetch)
-    monkeypatch.setattr(source_path, "build", recorder("source_path"))
-    monkeypatch.setattr(inject_path, "build", recorder("inject_path"))
+    monkeypatch.setattr(source_path.SourcePath, "build", _method(recorder("source_path")))
+    monkeypatch.setattr(inject_path.InjectPath, "build", _method(recorder("inject_path")))
     with pytest.raises(_PathChosen):
         pipeline.build("9.1.0", "3.11", repo=tmp_path, cache=tmp_path / "c")
     assert seen == [(f"{integration}_path", integration, fetched)]
 
 
-def test_default_version_is_one_makefile_variable() -> None:
+def _method(fn: object) -> object:
+    return lambda self, *a, **kw: fn(*a, **kw)  # type: ignore[operator]
+
+
+def test_registry_names_every_integration_value_once() -> None:
+    paths = integration.registry()
+    assert set(paths) == set(get_args(matrix.Integration))
+    assert all(name == p.name for name, p in paths.items())
+    m = matrix.load("2.11.0")
+    assert integration.for_version(m) is inject_path.PATH
+    assert integration.for_version(matrix.load("2.6.0")) is source_path.PATH
+    edit = inject_path.PATH.wheel_edit(m)
+    assert edit.added == ("torch/lib/libtorch_um.so",)
+    assert edit.replaced == ("torch/__init__.py", "torch/cuda/__init__.py")
+
+
+def test_default_version_is_the_newest_gpu_verified_one(tmp_path: Path) -> None:
+    """No version in the Makefile: ``versions --default`` decides, from gpu_verified."""
     lines = (REPO_ROOT / "Makefile").read_text().splitlines()
     defaults = [ln for ln in lines if ln.startswith("TORCH_VERSION ?=")]
-    assert len(defaults) == 1
-    assert defaults[0].split("?=")[1].strip() in matrix.supported_versions()
+    assert len(defaults) == 1 and "versions --default" in defaults[0]
+    verified = [v for v in matrix.supported_versions() if matrix.load(v).gpu_verified]
+    assert matrix.default_version() == verified[-1]
+    for v in verified:
+        assert (REPO_ROOT / str(matrix.load(v).gpu_verified)).is_file()
+    # a newer version without a GPU record does not become the default
+    root = tmp_path / "patches"
+    (tmp_path / "rec.md").write_text("passed\n")
+    write_matrix(root, {**matrix_doc("9.1.0"), "gpu_verified": "rec.md"})
+    write_matrix(root, matrix_doc("9.2.0"))
+    assert matrix.default_version(root) == "9.1.0"
+    write_matrix(root, {**matrix_doc("9.3.0"), "gpu_verified": "missing.md"})
+    with pytest.raises(BuildError, match="gpu_verified must name a GPU record"):
+        matrix.load("9.3.0", root)

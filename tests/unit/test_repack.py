@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from build_scripts import repack
+from build_scripts import repack, wheelname
 from build_scripts.errors import BuildError
 
 DI = "torch-9.1.0.dist-info"
@@ -152,7 +152,7 @@ def test_dist_info_files_cannot_be_replaced_through_mapping(tmp_path: Path, whee
 
 
 def test_wheel_name_helpers() -> None:
-    n = repack.WheelName.parse("torch-2.6.0-cp311-cp311-manylinux1_x86_64.whl")
+    n = wheelname.parse("torch-2.6.0-cp311-cp311-manylinux1_x86_64.whl")
     assert (n.name, n.version, n.python, n.abi, n.platform) == (
         "torch",
         "2.6.0",
@@ -161,7 +161,20 @@ def test_wheel_name_helpers() -> None:
         "manylinux1_x86_64",
     )
     with pytest.raises(BuildError, match="is not a wheel file name"):
-        repack.WheelName.parse("torch.tar.gz")
+        wheelname.parse("torch.tar.gz")
+    # a build tag (2.10.0's official wheels have one) is read, and not carried over
+    tagged = wheelname.parse("torch-2.10.0-3-cp311-cp311-manylinux_2_28_x86_64.whl")
+    assert (tagged.version, tagged.build) == ("2.10.0", "3")
+    assert (
+        repack.output_name(Path(tagged.filename()), "2.10.0+um", "manylinux_2_34_x86_64")
+        == "torch-2.10.0+um-cp311-cp311-manylinux_2_34_x86_64.whl"
+    )
+    # a local label is part of the exact version: a +cpu wheel is not the CUDA one
+    assert wheelname.parse("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").version == (
+        "2.13.0+cpu"
+    )
+    cuda = "nvidia_cuda_runtime-13.0.96-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
+    assert wheelname.parse(cuda).platform == "manylinux2014_x86_64"
     assert (
         repack.rewrite_wheel_file(
             "Tag: cp311-cp311-linux_x86_64\nTag: cp311-cp311-manylinux1_x86_64\n", "P"

@@ -174,6 +174,9 @@ def _bind(lib: ctypes.CDLL) -> None:
             c.c_int,
             [c.c_void_p, c.c_size_t, c.c_int, c.c_int, c.c_char_p, c.c_size_t],
         ),
+        "torch_um_touch": (c.c_longlong, [c.c_void_p, c.c_size_t, c.c_int, c.c_void_p]),
+        "torch_um_under_pressure": (c.c_int, []),
+        "torch_um_attach_events": (c.c_int, [c.c_char_p, c.c_size_t]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -6,7 +6,7 @@
 //   um_allocator_check on    unified memory on (the UM wheel's default)
 //   um_allocator_check off   PYTORCH_CUDA_UM_CONF=enabled:False must be set
 //
-// Safety (design notes, section 4): before the first allocation the total
+// Safety (docs/design.md, "Safety rule for every GPU run"): before the first allocation the total
 // managed cap is set to min(80 % of free GPU memory, 4 GiB) and the device
 // budget to 1 GiB; no step asks for more than 2.5 GiB of managed memory.
 #include <c10/core/CachingDeviceAllocator.h>
