@@ -562,8 +562,8 @@ def advise(obj: TensorsLike, advice: str, device: DeviceLike = None) -> int:
 # recently used ranges leaving to make room (policy lru). Memory that is not
 # managed is ignored. A watcher thread, started when CUDA initialises, polls
 # torch_um_under_pressure() ten times a second: the hooks are installed while
-# some device has managed data in host RAM and removed when none has, so that
-# a job that fits never pays for them.
+# the managed bytes of some device exceed 90 % of its budget and removed when
+# none do, so that a job that fits never pays for them.
 
 _hooks_installed = False
 _hook_handles: list[object] = []

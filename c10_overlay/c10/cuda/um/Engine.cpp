@@ -110,7 +110,9 @@ const Engine::Segment* Engine::segmentOf(const void* ptr) const {
 bool Engine::underPressure() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t d = 0; d < devices_.size(); ++d) {
-    if (residency_.bytesOn(static_cast<int>(d), Where::Host) > 0) {
+    const uint64_t budget =
+        cfg_.device_budget.resolve(devices_[d].total_bytes);
+    if (cfg_.lru && residency_.nearBudget(static_cast<int>(d), budget, 0)) {
       return true;
     }
   }

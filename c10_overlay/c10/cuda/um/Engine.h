@@ -71,9 +71,8 @@ class Engine {
   // on `device`. Memory that is not an engine segment is ignored. Returns
   // the bytes asked to move.
   uint64_t touch(const void* ptr, size_t size, int device, cudaStream_t stream);
-  // True while some device has managed data in host RAM (evicted, or placed
-  // there past the budget): the Python layer's use-signal hooks are
-  // installed only then.
+  // True while some device's managed bytes come near its budget (Note [Near
+  // the budget]): the Python layer's use-signal hooks are installed only then.
   bool underPressure() const;
 
   cudaError_t advise(

@@ -337,15 +337,11 @@ void Residency::onAlloc(
   const size_t first = (addr - seg->base) / kChunkBytes;
   const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
   ++tick_;
-  // Note [Recency only near the budget]: far from the budget nothing will be
-  // evicted soon, so the eviction order is not kept up to date there; a
-  // block event then costs a few additions per chunk (the fits case).
-  DeviceLru& dl = lru(seg->device);
-  const bool recency = policy == Policy::Lru &&
-      (dl.bytes[static_cast<int>(Where::Host)] > 0 ||
-       dl.bytes[static_cast<int>(Where::Device)] +
-               dl.bytes[static_cast<int>(Where::Unplaced)] + size >
-           limits.budget / 10 * 9);
+  // Far from the budget nothing will be evicted soon: the eviction order is
+  // not kept up to date there (Note [Near the budget]), and a block event
+  // costs a few additions per chunk.
+  const bool recency =
+      policy == Policy::Lru && nearBudget(seg->device, limits.budget, size);
   uint64_t need = 0;
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];
@@ -497,6 +493,14 @@ uint64_t Residency::bytesOn(int device, Where where) const {
     return 0;
   }
   return devices_[device].bytes[static_cast<int>(where)];
+}
+
+bool Residency::nearBudget(int device, uint64_t budget, uint64_t extra) const {
+  if (device < 0 || static_cast<size_t>(device) >= devices_.size()) {
+    return extra > budget / 10 * 9;
+  }
+  const DeviceLru& d = devices_[device];
+  return d.bytes[0] + d.bytes[1] + d.bytes[2] + extra > budget / 10 * 9;
 }
 
 uint64_t Residency::deadOnDevice(int device) const {

@@ -169,6 +169,12 @@ class Residency {
   bool contains(uintptr_t addr) const;
 
   uint64_t bytesOn(int device, Where where) const;
+  // Note [Near the budget]: the managed bytes of `device`, wherever they
+  // are, plus `extra` exceed 90 % of `budget`. Only then is the eviction
+  // order kept up to date, and only then does the Python layer report uses:
+  // a job that fits (data left in host RAM by earlier work included) pays
+  // for neither.
+  bool nearBudget(int device, uint64_t budget, uint64_t extra) const;
   uint64_t deadOnDevice(int device) const;
   const ResidencyCounters& counters() const {
     return counters_;

@@ -130,8 +130,8 @@ TORCH_UM_API long long torch_um_touch(
     int device,
     void* stream);
 
-/* 1 while some device has managed data in host RAM (evicted, or placed
- * there past its budget), else 0. */
+/* 1 while the managed bytes of some device (on it or in host RAM) exceed
+ * 90 % of its device budget, else 0. */
 TORCH_UM_API int torch_um_under_pressure(void);
 
 /* Source path: attach the engine to the caching allocator's block events
