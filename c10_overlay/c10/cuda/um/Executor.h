@@ -7,8 +7,11 @@
 //     PlaceOnHost) run on the stream of the work that is about to use the
 //     range, so that work waits for them;
 //   - evictions (EvictToHost) run on one side stream per device, after an
-//     event recorded on the toucher's stream: they overlap the compute that
-//     follows instead of delaying it;
+//     event recorded on the stream of the evicted chunk's blocks (its
+//     segment's stream): after their kernels and after any discard of the
+//     chunk queued there, which a concurrent prefetch would make undefined
+//     (seen on the GPU as a block reading an older block's data). They
+//     overlap the compute that follows instead of delaying it;
 //   - discards run on the stream of the dead blocks (the segment's stream),
 //     after the last kernel that used them; before any discard, that stream
 //     waits for the side stream, since a discard racing a prefetch of the

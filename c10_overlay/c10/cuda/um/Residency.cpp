@@ -250,8 +250,11 @@ uint64_t Residency::makeRoom(
       counters_.discard_bytes += sz;
       c.discarded = true;
     } else {
+      // Ordered after the work queued so far on the stream of the chunk's
+      // blocks (their kernels, and any discard-and-prefetch of the chunk),
+      // never racing a discard there (Note [Executor: ordering]).
       c.evicted_in = evictionBatch();
-      emit(out, seg->base, Action::EvictToHost, addr, sz, device, stream,
+      emit(out, seg->base, Action::EvictToHost, addr, sz, device, seg->stream,
            c.evicted_in);
       counters_.evictions += 1;
       counters_.evict_bytes += sz;
@@ -469,7 +472,7 @@ uint64_t Residency::evict(
     } else {
       c.evicted_in = evictionBatch();
       emit(out, seg->base, Action::EvictToHost, seg->chunkAddr(i), sz,
-           seg->device, stream, c.evicted_in);
+           seg->device, seg->stream, c.evicted_in);
       counters_.evictions += 1;
       counters_.evict_bytes += sz;
     }

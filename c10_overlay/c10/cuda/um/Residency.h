@@ -65,8 +65,8 @@ struct Action {
   enum Kind : uint8_t {
     PrefetchToDevice, // live data: migrate to `device`, ordered on `stream`
     DiscardAndPrefetch, // dead data: drop the pages, populate on `device`
-    EvictToHost, // live data: advise host, prefetch to the CPU on the
-                 // device's side stream once `stream`'s work so far is done
+    EvictToHost, // live data: prefetch to the CPU on the device's side
+                 // stream once `stream` (the segment's) has done its work so far
     Discard, // dead data leaves without a copy, ordered on `stream`
     MapHost, // advise PreferredLocation=host + AccessedBy=device, no move
     PlaceOnDevice, // fresh segment: prefetch to `device` on `stream`
