@@ -67,9 +67,19 @@ struct Sim {
     return false;
   }
 
+  std::map<uint64_t, void*> batch_stream; // eviction batch -> its stream
+
   bool apply(const std::vector<Action>& out, uintptr_t allocating) {
     if (!lim.can_act) {
       CHECK(out.empty(), "%zu actions while capturing", out.size());
+    }
+    for (const Action& a : out) {
+      if (a.kind == Action::EvictToHost) {
+        // One batch number, one stream: the executor issues it as one job.
+        auto [it, fresh] = batch_stream.emplace(a.fence, a.stream);
+        CHECK(fresh || it->second == a.stream, "eviction batch %llu spans streams",
+              (unsigned long long)a.fence);
+      }
     }
     for (const Action& a : out) {
       ++actions;
@@ -213,6 +223,7 @@ bool randomTrace(uint64_t seed) {
     uint64_t size = (4 + rnd.rng() % 20) * kChunkBytes - (i == 3 ? 4096 : 0);
     uintptr_t base = base0 + i * (64ull << 20);
     segments.push_back({base, size});
+    s.stream = reinterpret_cast<void*>(0x10 + i % 2); // two streams' segments
     if (!s.addSegment(base, size)) return false;
   }
   // A segment's blocks: a sorted set of non-overlapping live ranges.

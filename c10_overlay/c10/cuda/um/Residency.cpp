@@ -128,10 +128,12 @@ void Residency::emit(
   out.push_back(Action{kind, addr, size, device, stream, segment, fence});
 }
 
-uint64_t Residency::evictionBatch() {
-  if (evict_seq_tick_ != tick_ || evict_seq_ == 0) {
+uint64_t Residency::evictionBatch(void* stream) {
+  if (evict_seq_tick_ != tick_ || evict_seq_stream_ != stream ||
+      evict_seq_ == 0) {
     ++evict_seq_;
     evict_seq_tick_ = tick_;
+    evict_seq_stream_ = stream;
   }
   return evict_seq_;
 }
@@ -253,7 +255,7 @@ uint64_t Residency::makeRoom(
       // Ordered after the work queued so far on the stream of the chunk's
       // blocks (their kernels, and any discard-and-prefetch of the chunk),
       // never racing a discard there (Note [Executor: ordering]).
-      c.evicted_in = evictionBatch();
+      c.evicted_in = evictionBatch(seg->stream);
       emit(out, seg->base, Action::EvictToHost, addr, sz, device, seg->stream,
            c.evicted_in);
       counters_.evictions += 1;
@@ -470,7 +472,7 @@ uint64_t Residency::evict(
       counters_.discard_bytes += sz;
       c.discarded = true;
     } else {
-      c.evicted_in = evictionBatch();
+      c.evicted_in = evictionBatch(seg->stream);
       emit(out, seg->base, Action::EvictToHost, seg->chunkAddr(i), sz,
            seg->device, seg->stream, c.evicted_in);
       counters_.evictions += 1;

@@ -265,14 +265,16 @@ class Residency {
       int device,
       void* stream,
       uint64_t fence = 0);
-  // The number of the eviction batch of the current operation.
-  uint64_t evictionBatch();
+  // The number of the eviction batch of the current operation on `stream`:
+  // one executor job each, so that a number is issued all at once.
+  uint64_t evictionBatch(void* stream);
 
   std::map<uintptr_t, Segment> segments_;
   std::vector<DeviceLru> devices_;
   uint64_t tick_ = 0;
   uint64_t evict_seq_ = 0; // eviction batches so far
   uint64_t evict_seq_tick_ = 0; // the operation (tick) of the last batch
+  void* evict_seq_stream_ = nullptr; // and its stream
   ResidencyCounters counters_;
 };
 
