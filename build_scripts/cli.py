@@ -76,7 +76,11 @@ def _version_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _version(args: argparse.Namespace) -> str:
-    return str(args.torch_version) if args.torch_version else matrix.default_version()
+    # Absent: the default. Given but empty (`make build TORCH_VERSION=`): an error that
+    # names the make variable (matrix.load), never a silent default.
+    if args.torch_version is None:
+        return matrix.default_version()
+    return str(args.torch_version)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -169,7 +169,13 @@ def load(torch_version: str, root: Path | None = None) -> VersionMatrix:
     versions = supported_versions(root)
     if torch_version not in versions:  # by name: never a path, never empty
         listed = ", ".join(versions) if versions else "none"
-        example = f", e.g. `make build TORCH_VERSION={versions[-1]}`" if versions else ""
+        example = ""
+        if versions:
+            try:
+                suggest = default_version(root)
+            except BuildError:
+                suggest = versions[-1]
+            example = f", e.g. `make build TORCH_VERSION={suggest}`"
         raise BuildError(
             f"unknown TORCH_VERSION {torch_version!r}: supported versions are {listed}; "
             f"set TORCH_VERSION to one of them{example}"

@@ -26,8 +26,11 @@ from build_scripts.sources.tarball import extract_members
 from .helpers import make_tarball
 
 UNKNOWN = (
-    "error: unknown TORCH_VERSION {v!r}: supported versions are 2.6.0, 2.11.0; set "
-    "TORCH_VERSION to one of them, e.g. `make build TORCH_VERSION=2.11.0`"
+    "error: unknown TORCH_VERSION {v!r}: supported versions are "
+    + ", ".join(matrix.supported_versions()).replace("{", "{{")
+    + "; set TORCH_VERSION to one of them, e.g. `make build TORCH_VERSION="
+    + matrix.default_version()
+    + "`"
 )
 PIN = matrix.load("2.11.0").wheel.for_python("3.11")
 
@@ -268,7 +271,7 @@ def test_full_disk_during_the_download_names_the_disk(
     monkeypatch.setattr(shutil, "disk_usage", disk_usage)
     wheels = cache / "wheels"
     assert error_line(capsys, build_args(tmp_path / "dist")) == (
-        f"error: pip download torch==2.11.0 failed: no space left on "
+        f"error: pip download torch===2.11.0 failed: no space left on "
         f"{fsutil.mount_point(wheels)} (the disk of {wheels}, 10 MiB free): free space there, "
         "or set TORCH_UM_CACHE to a directory on a disk with room for the download"
     )
@@ -415,7 +418,7 @@ def test_corrupt_cached_wheel_with_its_mtime_kept_is_downloaded_again(
     assert f"==> cached {wheel} has sha256 " in err
     assert f"not the pinned {PIN.sha256}: removing it and downloading it again" in err
     assert err.splitlines()[-1] == (
-        f"error: pip download torch==2.11.0 did not produce {PIN.filename} (exit 1, got "
+        f"error: pip download torch===2.11.0 did not produce {PIN.filename} (exit 1, got "
         "nothing). Check the network and pip's index configuration, or put the file into "
         f"{wheel.parent} by hand."
     )
