@@ -138,3 +138,54 @@ def subprocess_env(limits: Limits, **extra: str) -> dict[str, str]:
     env["PYTORCH_CUDA_UM_CONF"] = f"max_managed:{min(limits.cap // 4, 8 * GiB)}"
     env.update(extra)
     return env
+
+
+def stream_fuzz(seed: int, steps: int, sizes: list[int]) -> None:
+    """One thread's share of the multi-stream fuzz: allocate filled tensors on a stream of
+    its own, sometimes use them on another stream (``record_stream``), free some, and check
+    every value read back. Raises AssertionError on the first wrong value."""
+    import random
+
+    torch = _torch()
+    rng = random.Random(seed)
+    stream = torch.cuda.Stream()
+    live: list[tuple[Any, float]] = []
+    with torch.cuda.stream(stream):
+        for _ in range(steps):
+            if live and rng.random() < 0.45:
+                t, value = live.pop(rng.randrange(len(live)))
+                got = float(t.double().sum())
+                assert got == value * t.numel(), (got, value, t.numel())
+                continue
+            n = rng.choice(sizes)
+            value = float(rng.randrange(1, 100))
+            t = torch.full((n,), value, device="cuda")
+            if rng.random() < 0.3:
+                other = torch.cuda.Stream()
+                other.wait_stream(stream)
+                with torch.cuda.stream(other):
+                    t.mul_(1.0)
+                t.record_stream(other)
+            live.append((t, value))
+        for t, value in live:
+            assert float(t.double().sum()) == value * t.numel()
+
+
+def run_threads(target: Any, count: int) -> list[BaseException]:
+    """Runs target(i) on `count` threads; returns what they raised."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return errors

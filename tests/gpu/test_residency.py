@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import random
 import shutil
-import threading
 from typing import Any
 
 import pytest
 
-from tests.gpu.conftest import GiB, Limits, MiB, release_cache
+from tests.gpu.conftest import GiB, Limits, MiB, release_cache, run_threads, stream_fuzz
 
 torch = pytest.importorskip("torch")
 
@@ -65,39 +64,8 @@ def test_data_survives_eviction_discard_and_reuse(torch_mod: Any, um: Any, limit
 
 def test_threads_streams_record_stream_under_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
     _tiny_budget(um)
-    errors: list[BaseException] = []
-
-    def worker(seed: int) -> None:
-        try:
-            rng = random.Random(seed)
-            stream = torch.cuda.Stream()
-            live: list[tuple[torch.Tensor, float]] = []
-            with torch.cuda.stream(stream):
-                for _ in range(200):
-                    if live and rng.random() < 0.45:
-                        t, value = live.pop(rng.randrange(len(live)))
-                        assert float(t.double().sum()) == value * t.numel()
-                        continue
-                    n = rng.choice([7, 4099, 1 << 16, 1 << 20, 3 << 20, 9 << 20])
-                    value = float(rng.randrange(1, 100))
-                    t = torch.full((n,), value, device="cuda")
-                    if rng.random() < 0.3:
-                        other = torch.cuda.Stream()
-                        other.wait_stream(stream)
-                        with torch.cuda.stream(other):
-                            t.mul_(1.0)
-                        t.record_stream(other)
-                    live.append((t, value))
-                for t, value in live:
-                    assert float(t.double().sum()) == value * t.numel()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    sizes = [7, 4099, 1 << 16, 1 << 20, 3 << 20, 9 << 20]
+    errors = run_threads(lambda i: stream_fuzz(i, 200, sizes), 4)
     assert not errors, errors
     assert _on_device(um) <= BUDGET
 

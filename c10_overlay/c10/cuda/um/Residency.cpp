@@ -338,9 +338,7 @@ void Residency::onAlloc(
   if (seg == nullptr || size == 0) {
     return;
   }
-  const uintptr_t hi = std::min<uintptr_t>(addr + size, seg->base + seg->size);
-  const size_t first = (addr - seg->base) / kChunkBytes;
-  const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
+  const auto [hi, first, last] = seg->span(addr, size);
   ++tick_;
   // Far from the budget nothing will be evicted soon: the eviction order is
   // not kept up to date there (Note [Near the budget]), and a block event
@@ -378,9 +376,7 @@ void Residency::onFree(uintptr_t addr, uint64_t size) {
   if (seg == nullptr || size == 0) {
     return;
   }
-  const uintptr_t hi = std::min<uintptr_t>(addr + size, seg->base + seg->size);
-  const size_t first = (addr - seg->base) / kChunkBytes;
-  const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
+  const auto [hi, first, last] = seg->span(addr, size);
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];
     const uintptr_t clo = seg->chunkAddr(i);
@@ -402,9 +398,7 @@ uint64_t Residency::touch(
   if (seg == nullptr || size == 0 || !limits.can_act) {
     return 0;
   }
-  const uintptr_t hi = std::min<uintptr_t>(addr + size, seg->base + seg->size);
-  const size_t first = (addr - seg->base) / kChunkBytes;
-  const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
+  const auto [hi, first, last] = seg->span(addr, size);
   counters_.touches += 1;
   if (device != seg->device) {
     // The ledger follows each segment on its own device only: a move to
@@ -455,9 +449,7 @@ uint64_t Residency::evict(
     return 0;
   }
   ++tick_; // an operation of its own (eviction batch numbers follow ticks)
-  const uintptr_t hi = std::min<uintptr_t>(addr + size, seg->base + seg->size);
-  const size_t first = (addr - seg->base) / kChunkBytes;
-  const size_t last = (hi - seg->base + kChunkBytes - 1) / kChunkBytes;
+  const auto [hi, first, last] = seg->span(addr, size);
   uint64_t moved = 0;
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];

@@ -213,6 +213,20 @@ class Residency {
     bool dead(size_t i) const {
       return tracked && chunks[i].live == 0;
     }
+    // [addr, addr+size) clipped to the segment: its end, and the chunks
+    // [first, last) it overlaps.
+    struct Span {
+      uintptr_t hi;
+      size_t first;
+      size_t last;
+    };
+    Span span(uintptr_t addr, uint64_t size) const {
+      const uintptr_t hi = std::min<uintptr_t>(addr + size, base + this->size);
+      return Span{
+          hi,
+          static_cast<size_t>((addr - base) / kChunkBytes),
+          static_cast<size_t>((hi - base + kChunkBytes - 1) / kChunkBytes)};
+    }
   };
   // A chunk on the device, ordered by (tick, address): the eviction order.
   using Key = std::pair<uint64_t, uintptr_t>;
