@@ -164,7 +164,8 @@ struct Sim {
   }
 
   bool removeSegment(uintptr_t base) {
-    CHECK(r.removeSegment(base), "unknown segment");
+    auto info = r.removeSegment(base);
+    CHECK(info && info->size == segs[base], "segment unknown or of another size");
     for (uintptr_t c = base; c < base + segs[base]; c += kChunkBytes) {
       phys.erase(c);
       csize.erase(c);

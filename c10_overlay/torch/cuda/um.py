@@ -653,11 +653,8 @@ def _hooks_wanted() -> bool:
 
 def _watch_pressure() -> None:
     lib = _lib
-    if lib is None or not hasattr(lib, "torch_um_under_pressure"):
+    if lib is None:
         return
-    lib.torch_um_under_pressure.restype = ctypes.c_int
-    lib.torch_um_touch.restype = ctypes.c_longlong
-    lib.torch_um_touch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 
     def watch() -> None:
         while True:
@@ -685,12 +682,8 @@ def _attach() -> None:
         err = ctypes.create_string_buffer(_ERRLEN)
         if _injected:
             rc = int(_lib.torch_um_inject_attach(err, _ERRLEN))
-        elif hasattr(_lib, "torch_um_attach_events"):
-            fn = _lib.torch_um_attach_events
-            fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t]
-            rc = int(fn(err, _ERRLEN))
-        else:
-            return
+        else:  # source path: the tracker is attached by the engine's C API
+            rc = int(_lib.torch_um_attach_events(err, _ERRLEN))
         if rc != 0:
             _attach_error = err.value.decode(errors="replace")
             if is_enabled():

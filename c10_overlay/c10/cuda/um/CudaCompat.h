@@ -58,47 +58,33 @@ inline cudaError_t advise(
 #endif
 }
 
-} // namespace c10::cuda::um::compat
+// The batch forms and discard exist from CUDA 13. Batches never take the
+// legacy default stream. Before CUDA 13 the residency ledger asks for no
+// discard (DeviceLimits::discard is false) and the executor prefetches one
+// range at a time, so the stubs below are never reached.
+constexpr bool kHasBatch = CUDART_VERSION >= 13000;
+constexpr bool kHasDiscard = CUDART_VERSION >= 13000;
 
-namespace c10::cuda::um::compat {
-
-// Prefetch a batch of ranges to one location on `stream`.
+#if CUDART_VERSION >= 13000
 inline cudaError_t prefetchBatch(
     void** ptrs,
     size_t* sizes,
     size_t count,
     int device,
     cudaStream_t stream) {
-#if CUDART_VERSION >= 13000
   cudaMemLocation loc = location(device);
   size_t first = 0;
   return cudaMemPrefetchBatchAsync(
       ptrs, sizes, count, &loc, &first, 1, 0, stream);
-#else
-  for (size_t i = 0; i < count; ++i) {
-    cudaError_t e = prefetch(ptrs[i], sizes[i], device, stream);
-    if (e != cudaSuccess) {
-      return e;
-    }
-  }
-  return cudaSuccess;
-#endif
 }
 
-// True where dead pages can be dropped without a copy (CUDA >= 13).
-constexpr bool kHasDiscard = CUDART_VERSION >= 13000;
-
-// Drop the pages of dead ranges, or (before CUDA 13) move them to the host.
+// Drop the pages of dead ranges (no copy).
 inline cudaError_t discardBatch(
     void** ptrs,
     size_t* sizes,
     size_t count,
     cudaStream_t stream) {
-#if CUDART_VERSION >= 13000
   return cudaMemDiscardBatchAsync(ptrs, sizes, count, 0, stream);
-#else
-  return prefetchBatch(ptrs, sizes, count, kHost, stream);
-#endif
 }
 
 // Drop the pages of dead ranges and populate them at `device` (or kHost).
@@ -108,14 +94,22 @@ inline cudaError_t discardAndPrefetchBatch(
     size_t count,
     int device,
     cudaStream_t stream) {
-#if CUDART_VERSION >= 13000
   cudaMemLocation loc = location(device);
   size_t first = 0;
   return cudaMemDiscardAndPrefetchBatchAsync(
       ptrs, sizes, count, &loc, &first, 1, 0, stream);
-#else
-  return prefetchBatch(ptrs, sizes, count, device, stream);
-#endif
 }
+#else
+inline cudaError_t prefetchBatch(void**, size_t*, size_t, int, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+inline cudaError_t discardBatch(void**, size_t*, size_t, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+inline cudaError_t
+discardAndPrefetchBatch(void**, size_t*, size_t, int, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+#endif
 
 } // namespace c10::cuda::um::compat

@@ -94,19 +94,6 @@ DeviceLimits Engine::limits(int device, bool capturing) const {
   return lim;
 }
 
-const Engine::Segment* Engine::segmentOf(const void* ptr) const {
-  // The segment that starts at or before ptr, if ptr lies inside it
-  // (interior pointers of split blocks included).
-  auto it = segments_.upper_bound(ptr);
-  if (it == segments_.begin()) {
-    return nullptr;
-  }
-  --it;
-  auto p = static_cast<const char*>(ptr);
-  auto base = static_cast<const char*>(it->first);
-  return p < base + it->second.size ? &it->second : nullptr;
-}
-
 bool Engine::underPressure() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t d = 0; d < devices_.size(); ++d) {
@@ -119,11 +106,41 @@ bool Engine::underPressure() const {
   return false;
 }
 
-void Engine::notePressure() {
-  const ResidencyCounters& c = residency_.counters();
-  if (c.evict_bytes + c.map_host_bytes + c.discard_bytes > 0) {
-    pressure_.store(true, std::memory_order_relaxed);
+bool Engine::move(
+    const void* ptr,
+    size_t size,
+    int location,
+    cudaStream_t stream,
+    bool any_policy,
+    uint64_t* moved) {
+  std::vector<Action> actions;
+  uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    const int device = residency_.deviceOf(addr);
+    if (device < 0) {
+      return false;
+    }
+    const DeviceLimits lim = limits(device, false);
+    if (location == compat::kHost) {
+      *moved = residency_.evict(addr, size, stream, lim, actions);
+    } else if (any_policy || cfg_.lru) {
+      *moved = residency_.touch(
+          addr, size, location, stream, policy(), lim, actions);
+    }
+    if (actions.empty()) {
+      return true;
+    }
+    ticket = executor_.take();
   }
+  executor_.run(ticket, actions, true);
+  if (location == compat::kHost) {
+    // An explicit eviction is issued on its stream when the call returns,
+    // also when the evictor thread issues it.
+    executor_.drain(actions.front().device);
+  }
+  return true;
 }
 
 uint64_t Engine::touch(
@@ -131,30 +148,8 @@ uint64_t Engine::touch(
     size_t size,
     int device,
     cudaStream_t stream) {
-  std::vector<Action> actions;
   uint64_t moved = 0;
-  uint64_t ticket = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Segment* seg = segmentOf(ptr);
-    if (seg == nullptr || !cfg_.lru) {
-      return 0;
-    }
-    moved = residency_.touch(
-        reinterpret_cast<uintptr_t>(ptr),
-        size,
-        device,
-        stream,
-        Policy::Lru,
-        limits(seg->device, false),
-        actions);
-    notePressure();
-    if (actions.empty()) {
-      return moved;
-    }
-    ticket = executor_.take();
-  }
-  executor_.run(ticket, actions, true);
+  move(ptr, size, device, stream, /*any_policy=*/false, &moved);
   return moved;
 }
 
@@ -215,7 +210,6 @@ cudaError_t Engine::allocSegment(
       managed_bytes_ -= size;
       return err;
     }
-    segments_.emplace(*ptr, Segment{size, device});
     st.managed_segments += 1;
     st.managed_bytes += size;
     const bool quiet = capturing || captures_.load() > 0;
@@ -228,10 +222,9 @@ cudaError_t Engine::allocSegment(
         device,
         stream,
         events_attached_.load(),
-        cfg_.lru ? Policy::Lru : Policy::Static,
+        policy(),
         limits(device, capturing),
         actions);
-    notePressure();
     peak_managed_bytes_ = std::max(peak_managed_bytes_, managed_bytes_);
     if (actions.empty()) {
       return cudaSuccess;
@@ -245,15 +238,11 @@ cudaError_t Engine::allocSegment(
 cudaError_t Engine::freeSegment(void* ptr) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = segments_.find(ptr);
-    if (it != segments_.end()) {
-      const Segment seg = it->second;
-      segments_.erase(it);
-      residency_.removeSegment(reinterpret_cast<uintptr_t>(ptr));
-      DeviceState& st = devices_[seg.device];
+    if (auto seg = residency_.removeSegment(reinterpret_cast<uintptr_t>(ptr))) {
+      DeviceState& st = devices_[seg->device];
       st.managed_segments -= 1;
-      st.managed_bytes -= seg.size;
-      managed_bytes_ -= seg.size;
+      st.managed_bytes -= seg->size;
+      managed_bytes_ -= seg->size;
     }
   }
   // cudaFree releases managed and device memory alike.
@@ -271,25 +260,19 @@ void Engine::onBlockEvent(
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++block_events_;
-    const Segment* seg = segmentOf(reinterpret_cast<const void*>(addr));
-    if (seg == nullptr) {
-      return; // a plain cudaMalloc segment (UM off when it was made)
-    }
     if (event == BlockEvent::FreeCompleted) {
-      residency_.onFree(addr, size);
+      residency_.onFree(addr, size); // ignores plain cudaMalloc segments
       return;
     }
+    const int device = residency_.deviceOf(addr);
+    if (device < 0) {
+      return; // a plain cudaMalloc segment (UM off when it was made)
+    }
     residency_.onAlloc(
-        addr,
-        size,
-        stream,
-        cfg_.lru ? Policy::Lru : Policy::Static,
-        limits(seg->device, false),
-        actions);
+        addr, size, stream, policy(), limits(device, false), actions);
     if (actions.empty()) {
       return;
     }
-    notePressure();
     prefetch = cfg_.prefetch;
     ticket = executor_.take();
   }
@@ -305,45 +288,9 @@ cudaError_t Engine::prefetch(
     size_t size,
     int location,
     cudaStream_t stream) {
-  std::vector<Action> actions;
-  bool known = false;
-  uint64_t ticket = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Segment* seg = segmentOf(ptr);
-    if (seg != nullptr) {
-      known = true;
-      const auto addr = reinterpret_cast<uintptr_t>(ptr);
-      const DeviceLimits lim = limits(seg->device, false);
-      if (location == compat::kHost) {
-        residency_.evict(addr, size, stream, lim, actions);
-      } else {
-        residency_.touch(
-            addr,
-            size,
-            location,
-            stream,
-            cfg_.lru ? Policy::Lru : Policy::Static,
-            lim,
-            actions);
-      }
-      if (actions.empty()) {
-        return cudaSuccess;
-      }
-      ticket = executor_.take();
-    }
-  }
-  if (!known) {
+  uint64_t moved = 0;
+  if (!move(ptr, size, location, stream, /*any_policy=*/true, &moved)) {
     return compat::prefetch(ptr, size, location, stream);
-  }
-  executor_.run(ticket, actions, true);
-  // An explicit move is issued on its stream when the call returns, also
-  // when the evictor thread issues it.
-  for (const Action& a : actions) {
-    if (a.kind == Action::EvictToHost) {
-      executor_.drain(a.device);
-      break;
-    }
   }
   return cudaSuccess;
 }
@@ -385,7 +332,7 @@ bool Engine::enabled() const {
 
 bool Engine::isManaged(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return segmentOf(ptr) != nullptr;
+  return residency_.deviceOf(reinterpret_cast<uintptr_t>(ptr)) >= 0;
 }
 
 TorchUmStats Engine::stats(c10::DeviceIndex device) const {

@@ -27,7 +27,6 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
-#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -101,11 +100,6 @@ class Engine {
  private:
   Engine();
 
-  struct Segment {
-    size_t size;
-    c10::DeviceIndex device;
-  };
-
   struct DeviceState {
     bool probed = false;
     bool managed_supported = false;
@@ -121,13 +115,22 @@ class Engine {
   Ledger ledger(c10::DeviceIndex device) const; // requires mu_
   // What the residency ledger may do on `device` now; requires mu_.
   DeviceLimits limits(int device, bool capturing) const;
-  const Segment* segmentOf(const void* ptr) const; // requires mu_
-  void notePressure(); // requires mu_
+  Policy policy() const { // requires mu_
+    return cfg_.lru ? Policy::Lru : Policy::Static;
+  }
+  // The engine's moves of [ptr, ptr+size): to `location` >= 0 a touch under
+  // the policy (`static` too when `any_policy`), to -1 an eviction. False if
+  // ptr is not in a managed segment (nothing done).
+  bool move(
+      const void* ptr,
+      size_t size,
+      int location,
+      cudaStream_t stream,
+      bool any_policy,
+      uint64_t* moved);
 
   mutable std::mutex mu_;
   Config cfg_;
-  // Ordered by base address, so that isManaged finds the enclosing segment.
-  std::map<const void*, Segment, std::less<>> segments_;
   std::vector<DeviceState> devices_;
   uint64_t managed_bytes_ = 0; // including reservations in flight
   uint64_t peak_managed_bytes_ = 0;
@@ -136,11 +139,12 @@ class Engine {
   uint64_t block_events_ = 0;
   std::atomic<int> captures_{0};
   std::atomic<bool> events_attached_{false};
-  std::atomic<bool> pressure_{false};
 
   ManagedCap cap_;
   HostHeadroom headroom_;
-  Residency residency_; // guarded by mu_
+  // The managed segments (the registry isManaged reads) and where their
+  // pages are; guarded by mu_.
+  Residency residency_;
   Executor executor_; // thread-safe; used outside mu_
 };
 

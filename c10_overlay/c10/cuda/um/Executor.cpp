@@ -40,13 +40,15 @@ struct DeviceGuard {
 };
 
 // Prefetches on any stream: one range by cudaMemPrefetchAsync (which also
-// takes the legacy default stream), several by the batch API, which does not.
+// takes the legacy default stream), several by the batch API, which does not
+// (and exists from CUDA 13).
 cudaError_t prefetchOn(
     std::vector<void*>& ptrs,
     std::vector<size_t>& sizes,
     int to,
     cudaStream_t stream) {
-  if (ptrs.size() == 1 || stream == nullptr || stream == cudaStreamLegacy) {
+  if (ptrs.size() == 1 || stream == nullptr || stream == cudaStreamLegacy ||
+      !compat::kHasBatch) {
     for (size_t k = 0; k < ptrs.size(); ++k) {
       cudaError_t e = compat::prefetch(ptrs[k], sizes[k], to, stream);
       if (e != cudaSuccess) {
@@ -165,9 +167,7 @@ void Executor::evictorLoop() {
       if (e == cudaSuccess && job.ready != nullptr) {
         e = cudaStreamWaitEvent(s.stream, job.ready, 0);
         if (e == cudaSuccess && !job.ptrs.empty()) {
-          e = compat::prefetchBatch(
-              job.ptrs.data(), job.sizes.data(), job.ptrs.size(),
-              compat::kHost, s.stream);
+          e = prefetchOn(job.ptrs, job.sizes, compat::kHost, s.stream);
         }
         if (e == cudaSuccess) {
           e = cudaEventRecord(s.done, s.stream);

@@ -13,14 +13,15 @@
 //     (seen on the GPU as a block reading an older block's data). They
 //     overlap the compute that follows instead of delaying it;
 //   - discards run on the stream of the dead blocks (the segment's stream),
-//     after the last kernel that used them; before any discard, that stream
-//     waits for the side stream, since a discard racing a prefetch of the
-//     same pages is undefined behaviour.
-// Batches use cudaMemPrefetchBatchAsync / cudaMemDiscardBatchAsync /
-// cudaMemDiscardAndPrefetchBatchAsync where the CUDA headers have them
-// (CUDA >= 13); before CUDA 13 there is no discard: a dead range is evicted
-// by prefetch (its bytes are copied for nothing), and DiscardAndPrefetch is a
-// plain prefetch.
+//     after the last kernel that used them; a discard or a bring-in of
+//     pages that an eviction batch moved waits for that batch (Note
+//     [Eviction fences]), since a discard racing a prefetch of the same
+//     pages is undefined behaviour.
+// Several ranges go in one call (cudaMemPrefetchBatchAsync,
+// cudaMemDiscardBatchAsync, cudaMemDiscardAndPrefetchBatchAsync) from CUDA
+// 13; before it, prefetches go one range at a time and nothing is discarded
+// (dead ranges are evicted by prefetch, their bytes copied for nothing:
+// Residency, DeviceLimits::discard).
 //
 // Failures are hints lost, not errors: the data stays correct wherever its
 // pages are. They are counted, and the first is reported once.

@@ -162,9 +162,7 @@ void Residency::addSegment(
     c.tick = tick_;
   }
   DeviceLru& d = lru(device);
-  const uint64_t on_device =
-      d.bytes[static_cast<int>(Where::Device)] +
-      d.bytes[static_cast<int>(Where::Unplaced)];
+  const uint64_t on_device = d.resident();
   // Chunks [0, on_dev) go to the device, the rest to host RAM.
   size_t on_dev = seg.chunks.size();
   if (!limits.can_act) {
@@ -178,8 +176,7 @@ void Residency::addSegment(
       makeRoom(
           device, on_device + size - limits.budget, limits, tick_, stream, out);
     }
-    const uint64_t now = d.bytes[static_cast<int>(Where::Device)] +
-        d.bytes[static_cast<int>(Where::Unplaced)];
+    const uint64_t now = d.resident();
     const uint64_t room = limits.budget > now ? limits.budget - now : 0;
     on_dev = std::min<uint64_t>(seg.chunks.size(), room / kChunkBytes);
     if (on_dev == seg.chunks.size() - 1 &&
@@ -209,17 +206,18 @@ void Residency::addSegment(
   }
 }
 
-bool Residency::removeSegment(uintptr_t base) {
+std::optional<Residency::SegmentInfo> Residency::removeSegment(uintptr_t base) {
   auto it = segments_.find(base);
   if (it == segments_.end()) {
-    return false;
+    return std::nullopt;
   }
   Segment& seg = it->second;
   for (size_t i = 0; i < seg.chunks.size(); ++i) {
     unlink(seg, i);
   }
+  const SegmentInfo info{seg.size, seg.device};
   segments_.erase(it);
-  return true;
+  return info;
 }
 
 uint64_t Residency::makeRoom(
@@ -278,8 +276,7 @@ uint64_t Residency::bringIn(
     const DeviceLimits& limits,
     std::vector<Action>& out) {
   DeviceLru& d = lru(seg.device);
-  uint64_t on_device = d.bytes[static_cast<int>(Where::Device)] +
-      d.bytes[static_cast<int>(Where::Unplaced)];
+  uint64_t on_device = d.resident();
   uint64_t moved = 0;
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg.chunks[i];
@@ -361,8 +358,7 @@ void Residency::onAlloc(
   }
   counters_.touches += 1;
   DeviceLru& d = lru(seg->device);
-  const uint64_t on_device = d.bytes[static_cast<int>(Where::Device)] +
-      d.bytes[static_cast<int>(Where::Unplaced)];
+  const uint64_t on_device = d.resident();
   if (on_device + need > limits.budget) {
     makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
              stream, out);
@@ -427,8 +423,7 @@ uint64_t Residency::touch(
     lim.budget = UINT64_MAX;
   } else {
     DeviceLru& d = lru(seg->device);
-    const uint64_t on_device = d.bytes[static_cast<int>(Where::Device)] +
-        d.bytes[static_cast<int>(Where::Unplaced)];
+    const uint64_t on_device = d.resident();
     if (on_device + need > limits.budget) {
       makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
                stream, out);
@@ -479,10 +474,6 @@ uint64_t Residency::evict(
 int Residency::deviceOf(uintptr_t addr) const {
   const Segment* seg = find(addr);
   return seg ? seg->device : -1;
-}
-
-bool Residency::contains(uintptr_t addr) const {
-  return find(addr) != nullptr;
 }
 
 uint64_t Residency::bytesOn(int device, Where where) const {

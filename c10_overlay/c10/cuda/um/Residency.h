@@ -42,6 +42,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -131,8 +132,13 @@ class Residency {
       Policy policy,
       const DeviceLimits& limits,
       std::vector<Action>& out);
-  // Forgets a segment (the allocator released it). False if unknown.
-  bool removeSegment(uintptr_t base);
+  struct SegmentInfo {
+    uint64_t size;
+    int device;
+  };
+  // Forgets a segment (the allocator released it): its size and device, or
+  // nullopt if it is not a managed segment of the engine.
+  std::optional<SegmentInfo> removeSegment(uintptr_t base);
 
   // The allocator handed out [addr, addr+size) on `stream`: the range is
   // about to be written on its device, and its old content is dead.
@@ -164,9 +170,9 @@ class Residency {
       const DeviceLimits& limits,
       std::vector<Action>& out);
 
-  // The device of the segment holding addr, or -1.
+  // The device of the managed segment holding addr, or -1 (interior
+  // pointers of split blocks included).
   int deviceOf(uintptr_t addr) const;
-  bool contains(uintptr_t addr) const;
 
   uint64_t bytesOn(int device, Where where) const;
   // Note [Near the budget]: the managed bytes of `device`, wherever they
@@ -234,6 +240,11 @@ class Residency {
     std::set<Key> live; // device-resident chunks holding live bytes
     std::set<Key> dead; // device-resident chunks with no live bytes
     uint64_t bytes[3] = {0, 0, 0}; // by Where
+    // Counted against the budget: unplaced pages migrate on first touch.
+    uint64_t resident() const {
+      return bytes[static_cast<int>(Where::Device)] +
+          bytes[static_cast<int>(Where::Unplaced)];
+    }
   };
 
   Segment* find(uintptr_t addr);
