@@ -46,6 +46,7 @@ struct Sim {
   std::map<uintptr_t, Phys> phys; // chunk address -> pages
   std::map<uintptr_t, uint64_t> csize; // chunk address -> bytes
   std::map<uintptr_t, uint64_t> evicted_by; // chunk -> its last eviction batch
+  std::set<uintptr_t> read_mostly; // chunks with ReadMostly set
   uintptr_t next_base = 1ull << 36; // for segments of trainingLoop
   std::map<uintptr_t, uint64_t> live; // block addr -> size
   std::map<uintptr_t, uint64_t> segs; // segment base -> size
@@ -97,6 +98,13 @@ struct Sim {
           CHECK(a.fence > evicted_by[c], "eviction without a new batch number");
           evicted_by[c] = a.fence;
         }
+        if (a.kind == Action::EvictToHost || a.kind == Action::Discard ||
+            a.kind == Action::DiscardAndPrefetch || a.kind == Action::PrefetchToDevice) {
+          // With ReadMostly left set, an eviction keeps the GPU copy and a
+          // discard leaves advice behind on reused memory.
+          CHECK(!read_mostly.count(c), "%s of a chunk with ReadMostly set",
+                actionName(a.kind));
+        }
         switch (a.kind) {
           case Action::Discard:
             CHECK(!overlapsLive(c, hi, 0), "discard of a live chunk");
@@ -117,6 +125,18 @@ struct Sim {
             phys[c] = Phys::Host;
             break;
           case Action::AdviseHost:
+            break;
+          case Action::DuplicateToDevice:
+            // A copy of valid host pages; a live chunk only.
+            CHECK(phys[c] == Phys::Host, "duplicate of a chunk not in host RAM");
+            CHECK(overlapsLive(c, hi, 0), "duplicate of a dead chunk");
+            read_mostly.insert(c);
+            phys[c] = Phys::Device;
+            break;
+          case Action::DropDuplicate:
+            CHECK(read_mostly.count(c), "drop of a chunk without ReadMostly");
+            read_mostly.erase(c);
+            phys[c] = Phys::Host; // the host copy stays valid
             break;
         }
       }
@@ -176,7 +196,14 @@ struct Sim {
 
   bool alloc(uintptr_t addr, uint64_t size) {
     std::vector<Action> out;
-    r.onAlloc(addr, size, stream, policy, lim, out);
+    bool was_dead = false;
+    for (uintptr_t c = addr - (addr % kChunkBytes); c < addr + size; c += kChunkBytes) {
+      was_dead = was_dead || r.liveBytesAt(c) == 0;
+    }
+    const bool revived = r.onAlloc(addr, size, stream, policy, lim, out);
+    // A pending discard of a dead chunk (decided by another thread) must be
+    // queued before the block's first kernel: the engine waits when told.
+    CHECK(revived == was_dead, "onAlloc did not report reviving a dead chunk");
     if (!apply(out, addr)) {
       return false;
     }
@@ -195,10 +222,16 @@ struct Sim {
     return invariants("free");
   }
 
-  bool touch(uintptr_t addr) {
+  bool touch(uintptr_t addr, bool read_only = false) {
     std::vector<Action> out;
-    r.touch(addr, live.at(addr), 0, stream, policy, lim, out);
-    return apply(out, 0) && invariants("touch");
+    r.touch(addr, live.at(addr), 0, stream, policy, lim, out, read_only);
+    if (!apply(out, 0)) {
+      return false;
+    }
+    for (uintptr_t c : read_mostly) {
+      CHECK(r.whereIs(c) == Where::Device, "ReadMostly set on a chunk off the device");
+    }
+    return invariants("touch");
   }
 };
 
@@ -245,7 +278,7 @@ bool randomTrace(uint64_t seed) {
     } else if (!s.live.empty()) {
       auto it = s.live.begin();
       std::advance(it, rnd.rng() % s.live.size());
-      if (!s.touch(it->first)) return false;
+      if (!s.touch(it->first, rnd.rng() % 3 == 0)) return false;
     }
   }
   return true;
@@ -377,6 +410,40 @@ bool oversizedSegmentIsSplit() {
   return true;
 }
 
+// Inference past the budget: weights read layer by layer, forward after
+// forward. Read-only touches bring them back as duplicates and they leave by
+// dropping the duplicate; nothing is written back.
+bool inferenceReadOnly() {
+  Sim s;
+  s.lim.budget = 24 * kChunkBytes;
+  const uint64_t layers = 16, param = 3 * kChunkBytes;
+  const uintptr_t w = s.next_base;
+  if (!s.addSegment(w, layers * param)) return false;
+  for (uint64_t l = 0; l < layers; ++l) {
+    if (!s.alloc(w + l * param, param)) return false;
+  }
+  for (int fwd = 0; fwd < 4; ++fwd) {
+    const ResidencyCounters before = s.r.counters();
+    for (uint64_t l = 0; l < layers; ++l) {
+      if (!s.touch(w + l * param, /*read_only=*/true)) return false;
+    }
+    const ResidencyCounters& after = s.r.counters();
+    if (fwd > 0) {
+      CHECK(after.duplicate_bytes - before.duplicate_bytes > 0, "no duplicate brought in");
+      CHECK(after.prefetch_bytes == before.prefetch_bytes, "weights migrated, not duplicated");
+      CHECK(after.drop_bytes - before.drop_bytes >= after.evict_bytes - before.evict_bytes,
+            "an evicted weight chunk was not dropped first");
+    }
+  }
+  // A write-capable touch, then an eviction: ReadMostly is gone before it.
+  if (!s.touch(w, false)) return false;
+  std::vector<Action> out;
+  s.r.evict(w, layers * param, s.stream, s.lim, out);
+  if (!s.apply(out, 0)) return false;
+  CHECK(s.read_mostly.empty(), "ReadMostly left on chunks in host RAM");
+  return s.invariants("evict");
+}
+
 bool blockLargerThanBudget() {
   Sim s;
   s.lim.budget = 4 * kChunkBytes;
@@ -411,6 +478,7 @@ int main() {
       {"static policy", staticPolicy},
       {"oversized segment split by placement", oversizedSegmentIsSplit},
       {"a block larger than the budget", blockLargerThanBudget},
+      {"inference: read-only duplicates", inferenceReadOnly},
   };
   int run = 0;
   for (const Case& c : cases) {

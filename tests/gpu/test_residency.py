@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -162,6 +163,15 @@ def test_training_under_budget_matches_in_memory(torch_mod: Any, um: Any, limits
     assert _on_device(um) <= BUDGET
 
 
+def _mlp(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """192 MiB of weights in 12 Linear layers whose forwards all run (nn.TransformerEncoderLayer's
+    inference fast path runs its children's math without their forwards, so without their hooks)."""
+    torch.manual_seed(seed)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024))
+              for _ in range(6)]
+    return torch.nn.Sequential(*blocks).cuda().eval(), torch.randn(256, 1024, device="cuda")
+
+
 def test_inference_under_budget_matches_in_memory(torch_mod: Any, um: Any, limits: Limits) -> None:
     release_cache(torch)
     um.configure(device_budget="90%")
@@ -176,3 +186,39 @@ def test_inference_under_budget_matches_in_memory(torch_mod: Any, um: Any, limit
             got = model(x).float()
     assert torch.equal(got, expect)
     assert _on_device(um) <= 128 * MiB
+
+
+def test_inference_read_only_copies(torch_mod: Any, um: Any, limits: Limits) -> None:
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    model, x = _mlp(1)
+    with torch.inference_mode():
+        expect = model(x).float()
+    with torch.no_grad():  # weights written after a read-only use
+        for p in model.parameters():
+            p.mul_(0.5)
+        expect_halved = model(x).float()
+    del model
+    _tiny_budget(um, 128 * MiB)
+    model, x = _mlp(1)
+    time.sleep(0.3)  # the pressure watcher installs the hooks within 0.1 s
+    before = um.stats()
+    with torch.inference_mode():
+        for _ in range(3):
+            got = model(x).float()
+    assert torch.equal(got, expect)
+    assert _on_device(um) <= 128 * MiB
+    mid = um.stats()
+    # Parameters came back as read-only copies and left by dropping them.
+    assert mid["um.duplicate_bytes"] > before["um.duplicate_bytes"]
+    assert mid["um.drop_bytes"] > before["um.drop_bytes"]
+    # A wrong guess costs speed, never data: write the duplicated weights.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+        got = model(x).float()
+    assert torch.equal(got, expect_halved)
+    assert _on_device(um) <= 128 * MiB
+    print(f"[um] inference: duplicated {(mid['um.duplicate_bytes'] - before['um.duplicate_bytes']) / MiB:.0f} MiB, "
+          f"dropped {(mid['um.drop_bytes'] - before['um.drop_bytes']) / MiB:.0f} MiB, "
+          f"evicted {(mid['um.evict_bytes'] - before['um.evict_bytes']) / MiB:.0f} MiB")

@@ -120,6 +120,8 @@ class _Stats(ctypes.Structure):
             "executor_failures",
             "executor_ns",
             "evictor_ns",
+            "duplicate_bytes",
+            "drop_bytes",
         )
     ]
 
@@ -174,7 +176,7 @@ def _bind(lib: ctypes.CDLL) -> None:
             c.c_int,
             [c.c_void_p, c.c_size_t, c.c_int, c.c_int, c.c_char_p, c.c_size_t],
         ),
-        "torch_um_touch": (c.c_longlong, [c.c_void_p, c.c_size_t, c.c_int, c.c_void_p]),
+        "torch_um_touch": (c.c_longlong, [c.c_void_p, c.c_size_t, c.c_int, c.c_void_p, c.c_int]),
         "torch_um_under_pressure": (c.c_int, []),
         "torch_um_attach_events": (c.c_int, [c.c_char_p, c.c_size_t]),
     }
@@ -291,6 +293,7 @@ def configure(
     policy: str | None = None,
     discard: bool | None = None,
     hooks: bool | None = None,
+    read_copies: bool | None = None,
 ) -> None:
     """Change the engine's settings for allocations made from now on.
 
@@ -318,6 +321,7 @@ def configure(
         ("prefetch", prefetch),
         ("discard", discard),
         ("hooks", hooks),
+        ("read_copies", read_copies),
     ):
         if flag is not None:
             if not isinstance(flag, bool):
@@ -584,12 +588,15 @@ def _ranges_of(tensors: Iterable[object]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _touch(ranges: list[tuple[int, int, int]]) -> None:
+_TOUCH_READ_ONLY = 1  # TORCH_UM_TOUCH_READ_ONLY
+
+
+def _touch(ranges: list[tuple[int, int, int]], flags: int = 0) -> None:
     if _lib is None:
         return
     for ptr, size, dev in ranges:
         stream = torch.cuda.current_stream(dev).cuda_stream
-        _lib.torch_um_touch(ctypes.c_void_p(ptr), size, dev, ctypes.c_void_p(stream))
+        _lib.torch_um_touch(ctypes.c_void_p(ptr), size, dev, ctypes.c_void_p(stream), flags)
 
 
 def _own_tensors(module: Module) -> list[object]:
@@ -597,9 +604,21 @@ def _own_tensors(module: Module) -> list[object]:
 
 
 def _pre_forward(module: Module, args: object) -> None:
-    own = _own_tensors(module)
-    if own:
-        _touch(_ranges_of(own))
+    if torch.is_grad_enabled():
+        own = _own_tensors(module)
+        if own:
+            _touch(_ranges_of(own))
+        return
+    # Without autograd (inference), a forward reads its parameters and writes
+    # none: they come back as read-only copies that leave the device without
+    # a write-back (Note [Read-only duplicates] in Residency.h). Buffers may be
+    # updated in place (batch-norm statistics), so they are touched as usual.
+    params = list(module._parameters.values())
+    if params:
+        _touch(_ranges_of(params), _TOUCH_READ_ONLY)
+    buffers = list(module._buffers.values())
+    if buffers:
+        _touch(_ranges_of(buffers))
 
 
 def _flat(obj: object) -> list[torch.Tensor]:

@@ -166,13 +166,18 @@ TORCH_UM_API long long torch_um_touch(
     const void* ptr,
     size_t size,
     int device,
-    void* stream) {
-  if (device < 0) {
+    void* stream,
+    int flags) {
+  if (device < 0 || (flags & ~TORCH_UM_TOUCH_READ_ONLY) != 0) {
     return -1;
   }
   try {
     return static_cast<long long>(Engine::get().touch(
-        ptr, size, device, static_cast<cudaStream_t>(stream)));
+        ptr,
+        size,
+        device,
+        static_cast<cudaStream_t>(stream),
+        (flags & TORCH_UM_TOUCH_READ_ONLY) != 0));
   } catch (...) {
     return -1;
   }

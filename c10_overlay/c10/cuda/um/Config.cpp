@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
-    "discard, hooks";
+    "discard, hooks, read_copies";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -164,6 +164,8 @@ std::string Config::str() const {
   s += discard ? "True" : "False";
   s += ",hooks:";
   s += hooks ? "True" : "False";
+  s += ",read_copies:";
+  s += read_copies ? "True" : "False";
   return s;
 }
 
@@ -199,6 +201,8 @@ Config parseConfig(
       cfg.hooks = parseBool(key, value, source);
     } else if (key == "discard") {
       cfg.discard = parseBool(key, value, source);
+    } else if (key == "read_copies") {
+      cfg.read_copies = parseBool(key, value, source);
     } else if (key == "policy") {
       TORCH_CHECK(
           value == "lru" || value == "static",

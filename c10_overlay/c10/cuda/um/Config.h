@@ -45,6 +45,10 @@ struct Config {
   // torch.cuda.um's module hooks report parameters and saved activations as
   // about to be used, once a device has run past its budget (um.py).
   bool hooks = true;
+  // Data its user only reads (parameters in a forward without autograd)
+  // comes back to the device as a read-only copy, which leaves without a
+  // write-back (Note [Read-only duplicates] in Residency.h).
+  bool read_copies = true;
 
   // Canonical "key:value,..." form of every setting.
   std::string str() const;

@@ -112,7 +112,8 @@ bool Engine::move(
     int location,
     cudaStream_t stream,
     bool any_policy,
-    uint64_t* moved) {
+    uint64_t* moved,
+    bool read_only) {
   std::vector<Action> actions;
   uint64_t ticket = 0;
   {
@@ -127,7 +128,8 @@ bool Engine::move(
       *moved = residency_.evict(addr, size, stream, lim, actions);
     } else if (any_policy || cfg_.lru) {
       *moved = residency_.touch(
-          addr, size, location, stream, policy(), lim, actions);
+          addr, size, location, stream, policy(), lim, actions,
+          read_only && cfg_.read_copies);
     }
     if (actions.empty()) {
       return true;
@@ -147,9 +149,10 @@ uint64_t Engine::touch(
     const void* ptr,
     size_t size,
     int device,
-    cudaStream_t stream) {
+    cudaStream_t stream,
+    bool read_only) {
   uint64_t moved = 0;
-  move(ptr, size, device, stream, /*any_policy=*/false, &moved);
+  move(ptr, size, device, stream, /*any_policy=*/false, &moved, read_only);
   return moved;
 }
 
@@ -268,11 +271,13 @@ void Engine::onBlockEvent(
     if (device < 0) {
       return; // a plain cudaMalloc segment (UM off when it was made)
     }
-    residency_.onAlloc(
+    const bool revived = residency_.onAlloc(
         addr, size, stream, policy(), limits(device, false), actions);
-    if (actions.empty()) {
+    if (actions.empty() && !revived) {
       return;
     }
+    // Reviving a dead chunk: run() with no actions still waits until every
+    // earlier ticket is served (Note [Reviving a dead chunk]).
     prefetch = cfg_.prefetch;
     ticket = executor_.take();
   }
@@ -375,6 +380,8 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.executor_failures = ex.failures;
   s.executor_ns = ex.nanoseconds;
   s.evictor_ns = ex.evictor_nanoseconds;
+  s.duplicate_bytes = rc.duplicate_bytes;
+  s.drop_bytes = rc.drop_bytes;
   return s;
 }
 

@@ -68,8 +68,14 @@ class Engine {
       cudaStream_t stream);
   // The Python layer's use signal: live [ptr, ptr+size) is about to be used
   // on `device`. Memory that is not an engine segment is ignored. Returns
-  // the bytes asked to move.
-  uint64_t touch(const void* ptr, size_t size, int device, cudaStream_t stream);
+  // the bytes asked to move. `read_only`: the use only reads it (Note
+  // [Read-only duplicates]).
+  uint64_t touch(
+      const void* ptr,
+      size_t size,
+      int device,
+      cudaStream_t stream,
+      bool read_only = false);
   // True while some device's managed bytes come near its budget (Note [Near
   // the budget]): the Python layer's use-signal hooks are installed only then.
   bool underPressure() const;
@@ -127,7 +133,8 @@ class Engine {
       int location,
       cudaStream_t stream,
       bool any_policy,
-      uint64_t* moved);
+      uint64_t* moved,
+      bool read_only = false);
 
   mutable std::mutex mu_;
   Config cfg_;

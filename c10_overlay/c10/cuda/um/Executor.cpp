@@ -15,7 +15,8 @@ constexpr auto kRelaxed = std::memory_order_relaxed;
 
 bool isBringIn(Action::Kind k) {
   return k == Action::PlaceOnDevice || k == Action::AdviseHost || k == Action::PrefetchToDevice ||
-      k == Action::DiscardAndPrefetch || k == Action::PlaceOnHost;
+      k == Action::DiscardAndPrefetch || k == Action::PlaceOnHost ||
+      k == Action::DuplicateToDevice;
 }
 
 // Restores the calling thread's current device.
@@ -278,14 +279,35 @@ void Executor::run(
       switch (a.kind) {
         case Action::PlaceOnDevice:
         case Action::PrefetchToDevice:
+        case Action::DuplicateToDevice:
           if (a.fence > 0) {
             // Queued after the eviction of the same pages, never before it.
             e = waitFor(a.device, a.fence, stream);
             ++calls;
           }
+          // Note [Read-only duplicates]: with ReadMostly set, the prefetch
+          // below copies the pages and the host keeps its own.
+          for (size_t k = 0; a.kind == Action::DuplicateToDevice &&
+               k < ptrs.size() && e == cudaSuccess;
+               ++k) {
+            e = compat::advise(
+                ptrs[k], sizes[k], cudaMemAdviseSetReadMostly, a.device);
+            ++calls;
+          }
           if (e == cudaSuccess &&
-              (a.kind == Action::PrefetchToDevice || prefetch)) {
+              (a.kind != Action::PlaceOnDevice || prefetch)) {
             e = prefetchOn(ptrs, sizes, a.device, stream);
+            ++calls;
+          }
+          break;
+        case Action::DropDuplicate:
+          // Not stream-ordered, and need not be: a kernel still reading the
+          // pages reads the host copy that the drop keeps. Issued before
+          // the chunk's eviction (next in the list), which then moves only
+          // pages a write has made GPU-only.
+          for (size_t k = 0; k < ptrs.size() && e == cudaSuccess; ++k) {
+            e = compat::advise(
+                ptrs[k], sizes[k], cudaMemAdviseUnsetReadMostly, a.device);
             ++calls;
           }
           break;

@@ -22,6 +22,10 @@ const char* actionName(Action::Kind k) {
       return "advise-host";
     case Action::PlaceOnHost:
       return "place-on-host";
+    case Action::DuplicateToDevice:
+      return "duplicate-to-device";
+    case Action::DropDuplicate:
+      return "drop-duplicate";
   }
   return "?";
 }
@@ -114,16 +118,30 @@ void Residency::emit(
     int device,
     void* stream,
     uint64_t fence) {
-  if (!out.empty()) {
-    Action& last = out.back();
-    // Adjacent segments are separate allocations: one CUDA call per range
-    // must stay inside one of them.
-    if (last.kind == kind && last.device == device && last.stream == stream &&
-        last.segment == segment && last.addr + last.size == addr) {
-      last.size += size;
-      last.fence = std::max(last.fence, fence);
-      return;
-    }
+  // Merges with the last action, or with the one before it when the last
+  // is about other pages and the fence is the same (chunks leaving as
+  // DropDuplicate, EvictToHost, DropDuplicate, ... then make two calls, not
+  // one pair per chunk; an eviction's fence is its batch number).
+  // Adjacent segments are separate allocations: one CUDA call per range
+  // must stay inside one of them.
+  auto extends = [&](const Action& a) {
+    return a.kind == kind && a.device == device && a.stream == stream &&
+        a.segment == segment && a.addr + a.size == addr;
+  };
+  const size_t n = out.size();
+  Action* into = nullptr;
+  if (n >= 1 && extends(out[n - 1])) {
+    into = &out[n - 1];
+  } else if (
+      n >= 2 && extends(out[n - 2]) && out[n - 2].fence == fence &&
+      (out[n - 1].addr >= addr + size ||
+       out[n - 1].addr + out[n - 1].size <= addr)) {
+    into = &out[n - 2];
+  }
+  if (into != nullptr) {
+    into->size += size;
+    into->fence = std::max(into->fence, fence);
+    return;
   }
   out.push_back(Action{kind, addr, size, device, stream, segment, fence});
 }
@@ -239,30 +257,43 @@ uint64_t Residency::makeRoom(
     }
     const uintptr_t addr = from.begin()->second;
     Segment* seg = find(addr);
-    const size_t i = (addr - seg->base) / kChunkBytes;
-    const uint64_t sz = seg->chunkSize(i);
-    Chunk& c = seg->chunks[i];
-    if (dead && limits.discard) {
-      // In the stream order of the segment's blocks: after their last use.
-      emit(out, seg->base, Action::Discard, addr, sz, device, seg->stream,
-           c.evicted_in);
-      counters_.discards += 1;
-      counters_.discard_bytes += sz;
-      c.discarded = true;
-    } else {
-      // Ordered after the work queued so far on the stream of the chunk's
-      // blocks (their kernels, and any discard-and-prefetch of the chunk),
-      // never racing a discard there (Note [Executor: ordering]).
-      c.evicted_in = evictionBatch(seg->stream);
-      emit(out, seg->base, Action::EvictToHost, addr, sz, device, seg->stream,
-           c.evicted_in);
-      counters_.evictions += 1;
-      counters_.evict_bytes += sz;
-    }
-    setWhere(*seg, i, Where::Host);
-    freed += sz;
+    freed += leave(*seg, (addr - seg->base) / kChunkBytes, limits, out);
   }
   return freed;
+}
+
+uint64_t Residency::leave(
+    Segment& seg,
+    size_t i,
+    const DeviceLimits& limits,
+    std::vector<Action>& out) {
+  Chunk& c = seg.chunks[i];
+  const uintptr_t addr = seg.chunkAddr(i);
+  const uint64_t sz = seg.chunkSize(i);
+  if (c.dup) {
+    emit(out, seg.base, Action::DropDuplicate, addr, sz, seg.device, seg.stream);
+    counters_.drop_bytes += sz;
+    c.dup = false;
+  }
+  if (seg.dead(i) && limits.discard) {
+    // In the stream order of the segment's blocks: after their last use.
+    emit(out, seg.base, Action::Discard, addr, sz, seg.device, seg.stream,
+         c.evicted_in);
+    counters_.discards += 1;
+    counters_.discard_bytes += sz;
+    c.discarded = true;
+  } else {
+    // Ordered after the work queued so far on the stream of the chunk's
+    // blocks (their kernels, and any discard-and-prefetch of the chunk),
+    // never racing a discard there (Note [Executor: ordering]).
+    c.evicted_in = evictionBatch(seg.stream);
+    emit(out, seg.base, Action::EvictToHost, addr, sz, seg.device, seg.stream,
+         c.evicted_in);
+    counters_.evictions += 1;
+    counters_.evict_bytes += sz;
+  }
+  setWhere(seg, i, Where::Host);
+  return sz;
 }
 
 uint64_t Residency::bringIn(
@@ -274,7 +305,8 @@ uint64_t Residency::bringIn(
     uintptr_t lo,
     uintptr_t hi,
     const DeviceLimits& limits,
-    std::vector<Action>& out) {
+    std::vector<Action>& out,
+    bool read_only) {
   DeviceLru& d = lru(seg.device);
   uint64_t on_device = d.resident();
   uint64_t moved = 0;
@@ -300,6 +332,8 @@ uint64_t Residency::bringIn(
       }
       continue;
     }
+    // A duplicate needs valid host pages to copy.
+    const bool host_valid = !c.discarded;
     c.discarded = false;
     // Discarding is safe when no live byte of the chunk survives the
     // toucher's write: the chunk is dead, or only the touched block lives
@@ -312,6 +346,12 @@ uint64_t Residency::bringIn(
       emit(out, seg.base, Action::DiscardAndPrefetch, clo, sz, seg.device,
            stream, c.evicted_in);
       counters_.reuse_bytes += sz;
+    } else if (read_only && !dead_content && host_valid) {
+      // Note [Read-only duplicates]
+      emit(out, seg.base, Action::DuplicateToDevice, clo, sz, seg.device,
+           stream, c.evicted_in);
+      counters_.duplicate_bytes += sz;
+      c.dup = true;
     } else {
       emit(out, seg.base, Action::PrefetchToDevice, clo, sz, seg.device,
            stream, c.evicted_in);
@@ -324,7 +364,19 @@ uint64_t Residency::bringIn(
   return moved;
 }
 
-void Residency::onAlloc(
+// Note [Reviving a dead chunk]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Any thread that needs room may decide to discard a dead chunk, and the
+// discard is queued on the chunk's own stream (its segment's) when that
+// thread's ticket is served, which can be after the engine's lock is dropped.
+// If the allocator meanwhile hands out a block over that chunk and the owner
+// of the stream launches a kernel writing it, a discard queued behind that
+// kernel destroys the block's data (seen on the GPU as zeros in the
+// multi-stream fuzz). So an allocation that revives a dead chunk reports it,
+// and the engine makes it wait, before malloc returns, until every action
+// decided before it has been queued: the discard is then ahead of the
+// block's first kernel on the stream.
+bool Residency::onAlloc(
     uintptr_t addr,
     uint64_t size,
     void* stream,
@@ -333,7 +385,7 @@ void Residency::onAlloc(
     std::vector<Action>& out) {
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0) {
-    return;
+    return false;
   }
   const auto [hi, first, last] = seg->span(addr, size);
   ++tick_;
@@ -343,8 +395,10 @@ void Residency::onAlloc(
   const bool recency =
       policy == Policy::Lru && nearBudget(seg->device, limits.budget, size);
   uint64_t need = 0;
+  bool revived = false;
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];
+    revived = revived || seg->dead(i);
     const uintptr_t clo = seg->chunkAddr(i);
     const auto now_live = static_cast<uint32_t>(std::min<uint64_t>(
         seg->chunkSize(i), c.live + overlap(addr, hi, clo, clo + seg->chunkSize(i))));
@@ -354,7 +408,7 @@ void Residency::onAlloc(
     }
   }
   if (policy != Policy::Lru || !limits.can_act || need == 0) {
-    return;
+    return revived;
   }
   counters_.touches += 1;
   DeviceLru& d = lru(seg->device);
@@ -365,6 +419,7 @@ void Residency::onAlloc(
   }
   bringIn(*seg, first, last, stream, /*dead_content=*/true, addr, hi, limits,
           out);
+  return revived;
 }
 
 void Residency::onFree(uintptr_t addr, uint64_t size) {
@@ -389,7 +444,8 @@ uint64_t Residency::touch(
     void* stream,
     Policy policy,
     const DeviceLimits& limits,
-    std::vector<Action>& out) {
+    std::vector<Action>& out,
+    bool read_only) {
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0 || !limits.can_act) {
     return 0;
@@ -400,6 +456,12 @@ uint64_t Residency::touch(
     // The ledger follows each segment on its own device only: a move to
     // another GPU is made as asked, and counted as having left this one.
     for (size_t i = first; i < last; ++i) {
+      if (seg->chunks[i].dup) {
+        emit(out, seg->base, Action::DropDuplicate, seg->chunkAddr(i),
+             seg->chunkSize(i), seg->device, stream);
+        counters_.drop_bytes += seg->chunkSize(i);
+        seg->chunks[i].dup = false;
+      }
       setWhere(*seg, i, Where::Host);
     }
     emit(out, seg->base, Action::PrefetchToDevice, addr, hi - addr, device, stream);
@@ -430,7 +492,7 @@ uint64_t Residency::touch(
     }
   }
   return bringIn(*seg, first, last, stream, /*dead_content=*/false, addr, hi,
-                 lim, out);
+                 lim, out, read_only && policy == Policy::Lru);
 }
 
 uint64_t Residency::evict(
@@ -451,22 +513,7 @@ uint64_t Residency::evict(
     if (c.where == Where::Host) {
       continue;
     }
-    const uint64_t sz = seg->chunkSize(i);
-    if (seg->dead(i) && limits.discard) {
-      emit(out, seg->base, Action::Discard, seg->chunkAddr(i), sz, seg->device,
-           seg->stream, c.evicted_in);
-      counters_.discards += 1;
-      counters_.discard_bytes += sz;
-      c.discarded = true;
-    } else {
-      c.evicted_in = evictionBatch(seg->stream);
-      emit(out, seg->base, Action::EvictToHost, seg->chunkAddr(i), sz,
-           seg->device, seg->stream, c.evicted_in);
-      counters_.evictions += 1;
-      counters_.evict_bytes += sz;
-    }
-    setWhere(*seg, i, Where::Host);
-    moved += sz;
+    moved += leave(*seg, i, limits, out);
   }
   return moved;
 }

@@ -33,7 +33,28 @@
 //     nothing but makes GPU touches of evicted pages read them in place
 //     until the engine brings them back);
 //   - a range larger than what the budget can hold is mapped in place for
-//     its remainder (MapHost): data touched once streams at link speed.
+//     its remainder (MapHost): data touched once streams at link speed;
+//   - live data that its user will only read (parameters in a forward
+//     without autograd: inference) comes back as a read-only duplicate
+//     (Note [Read-only duplicates]) and leaves by dropping the duplicate.
+//
+// Note [Read-only duplicates]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With cudaMemAdviseSetReadMostly, a prefetch to the GPU copies pages and
+// leaves the host copy valid; unsetting the advice then drops the GPU copy
+// (the pages' preferred location is the host) without a write-back. Measured
+// on an H200 (bench/evict_routes.py): the drop runs at about 48 GB/s where
+// eviction by prefetch to the CPU runs at 8-17 GB/s. The advice is a hint,
+// never a change of meaning: a write to such a page collapses the copies
+// where it happens, so a wrong guess costs speed, not data. Hence:
+//   - a touch marked read-only of chunks in host RAM emits
+//     DuplicateToDevice (set ReadMostly, prefetch to the device) and marks
+//     the chunks `dup`;
+//   - ReadMostly is set on a chunk exactly while it is `dup`: every way off
+//     the device starts with DropDuplicate (unset ReadMostly), and a live
+//     chunk is then still evicted as usual, which moves only pages a write
+//     has made GPU-only (none, when the guess was right);
+//   - a dead dup chunk is dropped and discarded.
 //
 // Thread safety: none. The caller (Engine) serialises every call.
 #pragma once
@@ -77,6 +98,9 @@ struct Action {
                 // pages on the device stay there
     PlaceOnHost, // discarded chunk that must be written where the budget
                  // has no room: populate host pages (never GPU faults)
+    DuplicateToDevice, // live data only read: set ReadMostly and prefetch
+                       // to `device` on `stream` (a copy; host keeps its)
+    DropDuplicate, // unset ReadMostly: the device copy goes, host's stays
   };
   Kind kind;
   uintptr_t addr;
@@ -115,6 +139,8 @@ struct ResidencyCounters {
   uint64_t discards = 0; // Discard actions
   uint64_t discard_bytes = 0;
   uint64_t map_host_bytes = 0; // bytes placed in host RAM without a move
+  uint64_t duplicate_bytes = 0; // live bytes brought in as read-only copies
+  uint64_t drop_bytes = 0; // read-only copies dropped from the device
 };
 
 class Residency {
@@ -142,7 +168,10 @@ class Residency {
 
   // The allocator handed out [addr, addr+size) on `stream`: the range is
   // about to be written on its device, and its old content is dead.
-  void onAlloc(
+  // Returns true if the block revives a chunk that was dead: the caller must
+  // then order the block's first use after every action decided so far
+  // (Note [Reviving a dead chunk]).
+  bool onAlloc(
       uintptr_t addr,
       uint64_t size,
       void* stream,
@@ -153,7 +182,8 @@ class Residency {
   void onFree(uintptr_t addr, uint64_t size);
 
   // [addr, addr+size) (live data) is about to be used on `device`: bring it
-  // there, making room under the budget. Returns the bytes asked to move.
+  // there, making room under the budget. `read_only`: the use only reads
+  // it (Note [Read-only duplicates]). Returns the bytes asked to move.
   uint64_t touch(
       uintptr_t addr,
       uint64_t size,
@@ -161,7 +191,8 @@ class Residency {
       void* stream,
       Policy policy,
       const DeviceLimits& limits,
-      std::vector<Action>& out);
+      std::vector<Action>& out,
+      bool read_only = false);
   // Send [addr, addr+size) to host RAM (an explicit prefetch to the CPU).
   uint64_t evict(
       uintptr_t addr,
@@ -198,6 +229,7 @@ class Residency {
   struct Chunk {
     Where where = Where::Unplaced;
     bool discarded = false; // pages dropped: must be placed before a write
+    bool dup = false; // a read-only duplicate: ReadMostly is set on it
     uint64_t evicted_in = 0; // eviction batch that last moved it to host
     uint32_t live = 0; // bytes of live blocks in this chunk
     uint64_t tick = 0; // last touch
@@ -280,7 +312,13 @@ class Residency {
       uintptr_t lo,
       uintptr_t hi,
       const DeviceLimits& limits,
-      std::vector<Action>& out);
+      std::vector<Action>& out,
+      bool read_only = false);
+  // Chunk i of seg leaves the device (Where::Host): dropped and discarded
+  // when dead, evicted when live, ReadMostly unset first if it is a dup.
+  // Returns its bytes.
+  uint64_t leave(Segment& seg, size_t i, const DeviceLimits& limits,
+                 std::vector<Action>& out);
   void emit(
       std::vector<Action>& out,
       uintptr_t segment,

@@ -59,6 +59,8 @@ typedef struct TorchUmStats {
   uint64_t executor_failures;  /* of which failed (hints lost, data intact) */
   uint64_t executor_ns;        /* host time spent issuing them, in the caller */
   uint64_t evictor_ns;         /* host time of the evictor thread (Executor.h) */
+  uint64_t duplicate_bytes;    /* live bytes brought in as read-only copies */
+  uint64_t drop_bytes;         /* read-only copies dropped, nothing written back */
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
@@ -119,16 +121,25 @@ TORCH_UM_API int torch_um_advise(
     char* err,
     size_t errlen);
 
+/* Flags of torch_um_touch. */
+enum TorchUmTouchFlags {
+  /* The use only reads the range (parameters in a forward without
+   * autograd): it comes back as a read-only copy, which later leaves the
+   * device without a write-back. A wrong guess costs speed, never data. */
+  TORCH_UM_TOUCH_READ_ONLY = 1
+};
+
 /* Live [ptr, ptr+size) is about to be used on device (the use signal of
  * torch.cuda.um's module hooks): with policy lru it is brought to the device
- * under the budget, least recently used ranges leaving first. Memory that
- * is not an engine segment is ignored. Returns the bytes asked to move, or
- * -1 for a bad argument. */
+ * under the budget, least recently used ranges leaving first. `flags`:
+ * TorchUmTouchFlags. Memory that is not an engine segment is ignored.
+ * Returns the bytes asked to move, or -1 for a bad argument. */
 TORCH_UM_API long long torch_um_touch(
     const void* ptr,
     size_t size,
     int device,
-    void* stream);
+    void* stream,
+    int flags);
 
 /* 1 while the managed bytes of some device (on it or in host RAM) exceed
  * 90 % of its device budget, else 0. */
