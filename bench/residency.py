@@ -21,8 +21,8 @@ budget 8 GiB), modes:
   stock-fraction      stock torch at memory fraction BUDGET/total (expected: out of memory)
 ``infer`` (forward of batch 8 x 512 under torch.inference_mode; default budget 2 GiB), modes:
   stock, um-static, um, and
-  um-nocopies         +um, policy lru without read-only copies (read_copies:False): the policy
-                      before read-only copies, for comparison
+  um-copies           +um, policy lru with read-only copies of the weights (read_copies:True,
+                      off by default: see bench/README.md)
   um-nohooks          +um, policy lru driven by block events alone (hooks:False)
   accelerate          stock torch, accelerate.dispatch_model(model, infer_auto_device_map(
                       model, max_memory={0: BUDGET, "cpu": "200GiB"},
@@ -97,9 +97,9 @@ MODES: dict[str, tuple[str, ...]] = {
         "fsdp2-offload-ckpt",
         "stock-fraction",
     ),
-    "infer": ("stock", "um-static", "um", "um-nocopies", "um-nohooks", "accelerate"),
+    "infer": ("stock", "um-static", "um", "um-copies", "um-nohooks", "accelerate"),
 }
-UM_MODES = ("um-nobudget", "um-static", "um", "um-nocopies", "um-nohooks")
+UM_MODES = ("um-nobudget", "um-static", "um", "um-copies", "um-nohooks")
 # The engine's settings per UM mode (um-nohooks: the residency policy driven by the
 # allocator's block events alone, without torch.cuda.um's module hooks).
 UM_CONF = {
@@ -107,7 +107,7 @@ UM_CONF = {
     "um-static": "policy:static",
     "um": "policy:lru,hooks:True",
     "um-nohooks": "policy:lru,hooks:False",
-    "um-nocopies": "policy:lru,read_copies:False",
+    "um-copies": "policy:lru,read_copies:True",
 }
 DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB"}
 BATCH = {"train": (4, 1024), "infer": (8, 512)}

@@ -68,34 +68,50 @@ struct Sim {
     return false;
   }
 
-  std::map<uint64_t, void*> batch_stream; // eviction batch -> its stream
+  std::map<uint64_t, std::pair<void*, Action::Kind>> batch_stream; // batch -> stream, kind
 
   bool apply(const std::vector<Action>& out, uintptr_t allocating) {
     if (!lim.can_act) {
       CHECK(out.empty(), "%zu actions while capturing", out.size());
     }
     for (const Action& a : out) {
-      if (a.kind == Action::EvictToHost) {
-        // One batch number, one stream: the executor issues it as one job.
-        auto [it, fresh] = batch_stream.emplace(a.fence, a.stream);
-        CHECK(fresh || it->second == a.stream, "eviction batch %llu spans streams",
-              (unsigned long long)a.fence);
+      if (a.kind == Action::EvictToHost || a.kind == Action::Discard) {
+        // One batch number, one stream, one kind: the evictor issues it as
+        // one job.
+        auto [it, fresh] = batch_stream.emplace(a.fence, std::make_pair(a.stream, a.kind));
+        CHECK(fresh || it->second == std::make_pair(a.stream, a.kind),
+              "batch %llu spans streams or kinds", (unsigned long long)a.fence);
       }
     }
-    for (const Action& a : out) {
+    // The executor issues each group of nextGroup() as one call that waits
+    // for the group's fence: check the fences as it will use them.
+    std::vector<uint64_t> call_fence(out.size());
+    for (size_t i = 0; i < out.size();) {
+      const ActionGroup g = nextGroup(out, i);
+      CHECK(g.end > i, "empty group");
+      for (; i < g.end; ++i) {
+        call_fence[i] = g.fence;
+        if (out[i].kind == Action::EvictToHost || out[i].kind == Action::Discard) {
+          CHECK(out[i].fence == g.fence, "one evictor job spans batch numbers");
+        }
+      }
+    }
+    for (size_t k = 0; k < out.size(); ++k) {
+      const Action& a = out[k];
       ++actions;
       CHECK(a.size > 0, "empty action");
       for (uintptr_t c = a.addr; c < a.addr + a.size; c += kChunkBytes) {
         CHECK(phys.count(c), "action %s on unknown chunk", actionName(a.kind));
         const uintptr_t hi = std::min<uintptr_t>(c + kChunkBytes, a.addr + a.size);
-        if (a.kind == Action::Discard || a.kind == Action::DiscardAndPrefetch ||
-            a.kind == Action::PlaceOnHost) {
+        if (a.kind == Action::DiscardAndPrefetch || a.kind == Action::PlaceOnHost) {
           // Never discard pages whose eviction may still be in flight.
-          CHECK(a.fence >= evicted_by[c], "%s not fenced after eviction batch %llu",
+          CHECK(call_fence[k] >= evicted_by[c], "%s not fenced after eviction batch %llu",
                 actionName(a.kind), (unsigned long long)evicted_by[c]);
         }
-        if (a.kind == Action::EvictToHost) {
-          CHECK(a.fence > evicted_by[c], "eviction without a new batch number");
+        if (a.kind == Action::EvictToHost || a.kind == Action::Discard) {
+          // An evictor job, after every earlier one of the chunk (FIFO).
+          CHECK(a.fence > evicted_by[c], "%s without a new batch number",
+                actionName(a.kind));
           evicted_by[c] = a.fence;
         }
         if (a.kind == Action::EvictToHost || a.kind == Action::Discard ||

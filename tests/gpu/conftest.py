@@ -106,6 +106,7 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         policy="lru",
         discard=True,
         hooks=True,
+        read_copies=False,
     )
     torch.cuda.set_per_process_memory_fraction(1.0)
 

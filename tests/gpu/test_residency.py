@@ -200,6 +200,7 @@ def test_inference_read_only_copies(torch_mod: Any, um: Any, limits: Limits) -> 
         expect_halved = model(x).float()
     del model
     _tiny_budget(um, 128 * MiB)
+    um.configure(read_copies=True)  # opt-in (README: read_copies)
     model, x = _mlp(1)
     time.sleep(0.3)  # the pressure watcher installs the hooks within 0.1 s
     before = um.stats()

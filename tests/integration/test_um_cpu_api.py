@@ -26,10 +26,11 @@ from .conftest import Build, Install, probe
 pytestmark = pytest.mark.integration
 
 KEYS = (
-    "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks."
+    "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
+    "read_copies."
 )
 # The residency settings, unchanged by every configure() call below.
-RESIDENCY = {"policy": "lru", "discard": "True", "hooks": "True"}
+RESIDENCY = {"policy": "lru", "discard": "True", "hooks": "True", "read_copies": "False"}
 DEFAULTS = {
     "enabled": "True",
     "max_managed": "none",
@@ -222,7 +223,7 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
 def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     stats = api["stats"]
     assert stats["um.enabled"] == 1 and stats["um.policy_lru"] == 1
-    assert len(stats) == 32 and all(isinstance(v, int) for v in stats.values())
+    assert len(stats) == 34 and all(isinstance(v, int) for v in stats.values())
     flags = ("um.enabled", "um.policy_lru")
     assert {k: v for k, v in stats.items() if k not in flags} == dict.fromkeys(
         (k for k in stats if k not in flags), 0

@@ -186,6 +186,7 @@ def test_residency_summary_infer_without_stock_has_no_floor() -> None:
             "stock": None,
             "um-static": None,
             "um": 0.5,
+            "um-copies": None,
             "um-nohooks": None,
             "accelerate": 0.2,
         },
@@ -200,6 +201,7 @@ def test_residency_selected_modes() -> None:
         "stock",
         "um-static",
         "um",
+        "um-copies",
         "um-nohooks",
         "accelerate",
     ]

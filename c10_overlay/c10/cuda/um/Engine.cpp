@@ -239,6 +239,8 @@ cudaError_t Engine::allocSegment(
 }
 
 cudaError_t Engine::freeSegment(void* ptr) {
+  int device = -1;
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto seg = residency_.removeSegment(reinterpret_cast<uintptr_t>(ptr))) {
@@ -246,7 +248,17 @@ cudaError_t Engine::freeSegment(void* ptr) {
       st.managed_segments -= 1;
       st.managed_bytes -= seg->size;
       managed_bytes_ -= seg->size;
+      device = seg->device;
+      ticket = executor_.take();
     }
+  }
+  if (device >= 0) {
+    // Every action decided on the segment so far is issued before its memory
+    // goes (a discard queued for the evictor and issued after the address
+    // came back as a new segment would drop the new segment's data);
+    // cudaFree then waits for the device.
+    executor_.run(ticket, {}, false);
+    executor_.drain(device);
   }
   // cudaFree releases managed and device memory alike.
   return cudaFree(ptr);

@@ -109,21 +109,19 @@ void Executor::fail(cudaError_t err, const Action& a) {
       "asked for. Further failures are counted in torch.cuda.um.stats().");
 }
 
-void Executor::group(
+uint64_t Executor::group(
     const std::vector<Action>& actions,
     size_t& i,
     std::vector<void*>& ptrs,
     std::vector<size_t>& sizes) {
-  // Consecutive actions of one kind, device and stream form one batch.
   ptrs.clear();
   sizes.clear();
-  const Action& a = actions[i];
-  while (i < actions.size() && actions[i].kind == a.kind &&
-         actions[i].device == a.device && actions[i].stream == a.stream) {
+  const ActionGroup g = nextGroup(actions, i);
+  for (; i < g.end; ++i) {
     ptrs.push_back(reinterpret_cast<void*>(actions[i].addr));
     sizes.push_back(actions[i].size);
-    ++i;
   }
+  return g.fence;
 }
 
 void Executor::enqueue(EvictJob job) {
@@ -160,6 +158,20 @@ void Executor::evictorLoop() {
     const auto t0 = std::chrono::steady_clock::now();
     Side& s = side(job.device);
     cudaError_t e = cudaSetDevice(job.device);
+    // Note [Discards leave through the evictor]: host waits, outside s.mu.
+    if (e == cudaSuccess && job.ready != nullptr) {
+      e = cudaEventSynchronize(job.ready);
+    }
+    if (e == cudaSuccess && job.discard) {
+      cudaStream_t side_stream = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(s.mu);
+        side_stream = s.stream;
+      }
+      if (side_stream != nullptr) {
+        e = cudaStreamSynchronize(side_stream);
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(s.mu);
       if (e == cudaSuccess && !ensureSide(s, job.device)) {
@@ -168,7 +180,10 @@ void Executor::evictorLoop() {
       if (e == cudaSuccess && job.ready != nullptr) {
         e = cudaStreamWaitEvent(s.stream, job.ready, 0);
         if (e == cudaSuccess && !job.ptrs.empty()) {
-          e = prefetchOn(job.ptrs, job.sizes, compat::kHost, s.stream);
+          e = job.discard
+              ? compat::discardBatch(
+                    job.ptrs.data(), job.sizes.data(), job.ptrs.size(), s.stream)
+              : prefetchOn(job.ptrs, job.sizes, compat::kHost, s.stream);
         }
         if (e == cudaSuccess) {
           e = cudaEventRecord(s.done, s.stream);
@@ -190,7 +205,8 @@ void Executor::evictorLoop() {
       (void)cudaEventDestroy(job.ready);
     }
     if (e != cudaSuccess) {
-      fail(e, Action{Action::EvictToHost, 0, 0, job.device, nullptr});
+      fail(e, Action{job.discard ? Action::Discard : Action::EvictToHost, 0, 0,
+                     job.device, nullptr});
     }
     calls_.fetch_add(4, kRelaxed);
     evictor_ns_.fetch_add(
@@ -273,16 +289,16 @@ void Executor::run(
         ++i;
         continue;
       }
-      group(actions, i, ptrs, sizes);
+      const uint64_t fence = group(actions, i, ptrs, sizes);
       auto stream = static_cast<cudaStream_t>(a.stream);
       cudaError_t e = cudaSuccess;
       switch (a.kind) {
         case Action::PlaceOnDevice:
         case Action::PrefetchToDevice:
         case Action::DuplicateToDevice:
-          if (a.fence > 0) {
+          if (fence > 0) {
             // Queued after the eviction of the same pages, never before it.
-            e = waitFor(a.device, a.fence, stream);
+            e = waitFor(a.device, fence, stream);
             ++calls;
           }
           // Note [Read-only duplicates]: with ReadMostly set, the prefetch
@@ -312,26 +328,20 @@ void Executor::run(
           }
           break;
         case Action::DiscardAndPrefetch:
-        case Action::PlaceOnHost:
-        case Action::Discard: {
-          // A discard must not race the side stream's prefetch of the same
-          // pages (undefined behaviour): wait for what it has queued.
-          // A discard must not race the side stream's eviction of the same
-          // pages (undefined behaviour): wait for the batch that moved them,
-          // if any did (Note [Eviction fences]).
-          if (a.fence > 0) {
-            e = waitFor(a.device, a.fence, stream);
+        case Action::PlaceOnHost: {
+          // A discard must not race the evictor's prefetch or discard of the
+          // same pages (undefined behaviour): wait for the batch that moved
+          // them, if any did (Note [Eviction fences]).
+          if (fence > 0) {
+            e = waitFor(a.device, fence, stream);
             ++calls;
           }
           if (e == cudaSuccess) {
             const int to =
                 a.kind == Action::PlaceOnHost ? compat::kHost : a.device;
-            const bool only = a.kind == Action::Discard;
             e = onStream(stream, a.device, [&](cudaStream_t st) {
-              return only ? compat::discardBatch(
-                                ptrs.data(), sizes.data(), ptrs.size(), st)
-                          : compat::discardAndPrefetchBatch(
-                                ptrs.data(), sizes.data(), ptrs.size(), to, st);
+              return compat::discardAndPrefetchBatch(
+                  ptrs.data(), sizes.data(), ptrs.size(), to, st);
             });
             ++calls;
           }
@@ -356,11 +366,14 @@ void Executor::run(
             ++calls;
           }
           break;
-        case Action::EvictToHost: {
+        case Action::EvictToHost:
+        case Action::Discard: {
           // Recorded here, issued by the evictor thread (Note [Evictor
-          // thread]). A job is queued even if the event fails, so that the
-          // batch number is always reached.
-          EvictJob job{a.device, a.fence, nullptr, ptrs, sizes};
+          // thread], Note [Discards leave through the evictor]). A job is
+          // queued even if the event fails, so that the batch number is
+          // always reached.
+          EvictJob job{a.device, a.fence, nullptr, ptrs, sizes,
+                       a.kind == Action::Discard};
           {
             DeviceGuard guard(a.device);
             e = cudaEventCreateWithFlags(&job.ready, cudaEventDisableTiming);

@@ -12,11 +12,13 @@
 //     chunk queued there, which a concurrent prefetch would make undefined
 //     (seen on the GPU as a block reading an older block's data). They
 //     overlap the compute that follows instead of delaying it;
-//   - discards run on the stream of the dead blocks (the segment's stream),
-//     after the last kernel that used them; a discard or a bring-in of
-//     pages that an eviction batch moved waits for that batch (Note
-//     [Eviction fences]), since a discard racing a prefetch of the same
-//     pages is undefined behaviour.
+//   - discards of dead chunks that make room go the evictors' way too,
+//     after the host has seen the dead blocks' stream finish the work queued
+//     before them (Note [Discards leave through the evictor]); a
+//     discard-and-prefetch or a bring-in of pages that an evictor batch
+//     moved or discarded waits for that batch (Note [Eviction fences]),
+//     since a discard racing a prefetch of the same pages is undefined
+//     behaviour.
 // Several ranges go in one call (cudaMemPrefetchBatchAsync,
 // cudaMemDiscardBatchAsync, cudaMemDiscardAndPrefetchBatchAsync) from CUDA
 // 13; before it, prefetches go one range at a time and nothing is discarded
@@ -86,12 +88,29 @@ class Executor {
   // the evicted bytes at 6-7 GB/s). Evictions are therefore issued by a
   // thread of their own, in the engine's order, so that the thread that
   // allocates or touches only records an event and goes on.
+  //
+  // Note [Discards leave through the evictor]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // Dead chunks that make room are discarded by the same thread, in the same
+  // queue, and the thread first waits on the host for the chunk stream's
+  // `ready` event and for the side stream to drain. Ordering the discard on
+  // the GPU alone (on the chunk's stream, or on the side stream after events
+  // on both) lost data on an H200 whenever several streams made room at
+  // once: a multi-stream fuzz failed 10-12 runs of 12 that way and none with
+  // the host waits (bench/README.md, "Discard ordering"). Prefetches to the
+  // CPU wait on the host for their `ready` event too: ordered on the GPU
+  // only, the inference benchmark's logits differed from stock's (relative
+  // checksum difference 5.5e-4), with the wait they are equal. The compute
+  // threads never wait on the host for the evictor themselves: a
+  // later use of the chunk waits for the batch's event on the GPU (Note
+  // [Eviction fences]).
   struct EvictJob {
     int device;
     uint64_t seq;
-    cudaEvent_t ready; // recorded on the toucher's stream (nullptr: none)
+    cudaEvent_t ready; // recorded on the chunk's stream (nullptr: none)
     std::vector<void*> ptrs;
     std::vector<size_t> sizes;
+    bool discard = false; // discard the ranges instead of evicting them
   };
   void enqueue(EvictJob job);
   void evictorLoop();
@@ -100,7 +119,9 @@ class Executor {
   Side& side(int device);
   bool ensureSide(Side& s, int device);
   void fail(cudaError_t err, const Action& a);
-  void group(
+  // The actions of nextGroup() from i (advanced past them) as one call's
+  // ranges; returns the fence the call waits for.
+  uint64_t group(
       const std::vector<Action>& actions,
       size_t& i,
       std::vector<void*>& ptrs,

@@ -30,6 +30,22 @@ const char* actionName(Action::Kind k) {
   return "?";
 }
 
+ActionGroup nextGroup(const std::vector<Action>& actions, size_t first) {
+  const Action& a = actions[first];
+  ActionGroup g{first, 0};
+  while (g.end < actions.size()) {
+    const Action& b = actions[g.end];
+    if (b.kind != a.kind || b.device != a.device || b.stream != a.stream ||
+        ((a.kind == Action::EvictToHost || a.kind == Action::Discard) &&
+         b.fence != a.fence)) {
+      break;
+    }
+    g.fence = std::max(g.fence, b.fence);
+    ++g.end;
+  }
+  return g;
+}
+
 namespace {
 
 // Bytes of [lo, hi) that fall into [clo, chi).
@@ -146,12 +162,13 @@ void Residency::emit(
   out.push_back(Action{kind, addr, size, device, stream, segment, fence});
 }
 
-uint64_t Residency::evictionBatch(void* stream) {
+uint64_t Residency::evictionBatch(void* stream, bool discard) {
   if (evict_seq_tick_ != tick_ || evict_seq_stream_ != stream ||
-      evict_seq_ == 0) {
+      evict_seq_discard_ != discard || evict_seq_ == 0) {
     ++evict_seq_;
     evict_seq_tick_ = tick_;
     evict_seq_stream_ = stream;
+    evict_seq_discard_ = discard;
   }
   return evict_seq_;
 }
@@ -276,7 +293,9 @@ uint64_t Residency::leave(
     c.dup = false;
   }
   if (seg.dead(i) && limits.discard) {
-    // In the stream order of the segment's blocks: after their last use.
+    // After the last use of its blocks, through the evictor (Note
+    // [Discards leave through the evictor]).
+    c.evicted_in = evictionBatch(seg.stream, /*discard=*/true);
     emit(out, seg.base, Action::Discard, addr, sz, seg.device, seg.stream,
          c.evicted_in);
     counters_.discards += 1;
@@ -286,7 +305,7 @@ uint64_t Residency::leave(
     // Ordered after the work queued so far on the stream of the chunk's
     // blocks (their kernels, and any discard-and-prefetch of the chunk),
     // never racing a discard there (Note [Executor: ordering]).
-    c.evicted_in = evictionBatch(seg.stream);
+    c.evicted_in = evictionBatch(seg.stream, /*discard=*/false);
     emit(out, seg.base, Action::EvictToHost, addr, sz, seg.device, seg.stream,
          c.evicted_in);
     counters_.evictions += 1;

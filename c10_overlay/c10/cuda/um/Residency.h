@@ -89,7 +89,9 @@ struct Action {
     DiscardAndPrefetch, // dead data: drop the pages, populate on `device`
     EvictToHost, // live data: prefetch to the CPU on the device's side
                  // stream once `stream` (the segment's) has done its work so far
-    Discard, // dead data leaves without a copy, ordered on `stream`
+    Discard, // dead data leaves without a copy, like EvictToHost: by the
+             // evictor, once `stream` has done its work so far (Note
+             // [Discards leave through the evictor])
     MapHost, // advise PreferredLocation=host + AccessedBy=device, no move
     PlaceOnDevice, // fresh segment: prefetch to `device` on `stream`
     AdviseHost, // PreferredLocation=host + AccessedBy=device on a whole new
@@ -108,14 +110,27 @@ struct Action {
   int device;
   void* stream; // cudaStream_t, opaque here
   uintptr_t segment = 0; // base of the segment: ranges never span two
-  // Note [Eviction fences]: an EvictToHost carries the number of its
-  // eviction batch; a discard or a bring-in carries the number of the last
-  // batch that evicted any of its pages (0: none), which the executor
-  // orders it after. Pages never evicted wait for nothing.
+  // Note [Eviction fences]: an EvictToHost or a Discard carries the number
+  // of its batch; a discard-and-prefetch or a bring-in carries the number of
+  // the last batch that evicted or discarded any of its pages (0: none),
+  // which the executor orders it after. Pages never moved wait for nothing.
   uint64_t fence = 0;
 };
 
 const char* actionName(Action::Kind k);
+
+// Consecutive actions of one kind, device and stream are issued as one CUDA
+// call (Executor). The group starting at `first` ends before `end`; the call
+// waits for `fence`, the highest of its members' fences, since a discard or
+// a bring-in grouped behind one that needs no fence may still need one (seen
+// on the GPU as lost data under several streams). An EvictToHost or Discard
+// group keeps to one batch number: it is one evictor job, and its number is
+// its fence.
+struct ActionGroup {
+  size_t end;
+  uint64_t fence;
+};
+ActionGroup nextGroup(const std::vector<Action>& actions, size_t first);
 
 // The residency policy: `static` keeps the first version's decision (a whole
 // segment on the device if it fits under the budget when allocated, else in
@@ -328,9 +343,10 @@ class Residency {
       int device,
       void* stream,
       uint64_t fence = 0);
-  // The number of the eviction batch of the current operation on `stream`:
-  // one executor job each, so that a number is issued all at once.
-  uint64_t evictionBatch(void* stream);
+  // The number of the current operation's batch of chunks leaving the
+  // device on `stream`, by eviction or (`discard`) by discard: one evictor
+  // job each, so that a number is issued all at once.
+  uint64_t evictionBatch(void* stream, bool discard);
 
   std::map<uintptr_t, Segment> segments_;
   std::vector<DeviceLru> devices_;
@@ -338,6 +354,7 @@ class Residency {
   uint64_t evict_seq_ = 0; // eviction batches so far
   uint64_t evict_seq_tick_ = 0; // the operation (tick) of the last batch
   void* evict_seq_stream_ = nullptr; // and its stream
+  bool evict_seq_discard_ = false; // and whether it discards
   ResidencyCounters counters_;
 };
 
