@@ -38,6 +38,12 @@ def _title(record: dict[str, Any]) -> str:
     )
 
 
+
+def _save(plt: Any, fig: Any, dest: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(dest, dpi=120)
+    plt.close(fig)
+
 def plot_step_time(record: dict[str, Any], dest: Path) -> None:
     plt = _pyplot()
     summary = record["summary"]
@@ -62,9 +68,7 @@ def plot_step_time(record: dict[str, Any], dest: Path) -> None:
     ax.set_ylabel("training step, best worker median (ms)")
     ax.set_title("Step time, data fits on the GPU\n" + _title(record), fontsize=9)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(dest, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, dest)
 
 
 def plot_oversubscribe(record: dict[str, Any], dest: Path) -> None:
@@ -89,9 +93,7 @@ def plot_oversubscribe(record: dict[str, Any], dest: Path) -> None:
         f"{settings['budget_bytes'] / 2**30:.0f} GiB\n" + _title(record),
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(dest, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, dest)
 
 
 def plot_residency(record: dict[str, Any], dest: Path) -> None:
@@ -141,9 +143,7 @@ def plot_residency(record: dict[str, Any], dest: Path) -> None:
         f"{settings['budget_bytes'] / 2**30:.3g} GiB\n" + _title(record),
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(dest, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, dest)
 
 
 PLOTTERS = {

@@ -285,11 +285,12 @@ void Engine::onBlockEvent(
     }
     const bool revived = residency_.onAlloc(
         addr, size, stream, policy(), limits(device, false), actions);
-    if (actions.empty() && !revived) {
+    // Reviving a dead chunk while earlier actions are still being issued:
+    // run() with no actions waits until they are (Note [Reviving a dead
+    // chunk]). With nothing outstanding, the allocation returns at once.
+    if (actions.empty() && !(revived && executor_.behind())) {
       return;
     }
-    // Reviving a dead chunk: run() with no actions still waits until every
-    // earlier ticket is served (Note [Reviving a dead chunk]).
     prefetch = cfg_.prefetch;
     ticket = executor_.take();
   }

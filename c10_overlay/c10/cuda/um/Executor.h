@@ -59,6 +59,11 @@ class Executor {
   uint64_t take() {
     return next_ticket_++;
   }
+  // True while a ticket taken earlier has not been served: some decided
+  // action may not be queued on its stream yet. Call under the engine's lock.
+  bool behind() const {
+    return serving_.load(std::memory_order_acquire) != next_ticket_;
+  }
   // `prefetch`: the prefetch setting (placement of fresh segments).
   void run(uint64_t ticket, const std::vector<Action>& actions, bool prefetch);
   ExecutorCounters counters() const;

@@ -287,11 +287,7 @@ uint64_t Residency::leave(
   Chunk& c = seg.chunks[i];
   const uintptr_t addr = seg.chunkAddr(i);
   const uint64_t sz = seg.chunkSize(i);
-  if (c.dup) {
-    emit(out, seg.base, Action::DropDuplicate, addr, sz, seg.device, seg.stream);
-    counters_.drop_bytes += sz;
-    c.dup = false;
-  }
+  dropDuplicate(seg, i, seg.stream, out);
   if (seg.dead(i) && limits.discard) {
     // After the last use of its blocks, through the evictor (Note
     // [Discards leave through the evictor]).
@@ -313,6 +309,21 @@ uint64_t Residency::leave(
   }
   setWhere(seg, i, Where::Host);
   return sz;
+}
+
+void Residency::dropDuplicate(
+    Segment& seg,
+    size_t i,
+    void* stream,
+    std::vector<Action>& out) {
+  Chunk& c = seg.chunks[i];
+  if (!c.dup) {
+    return;
+  }
+  emit(out, seg.base, Action::DropDuplicate, seg.chunkAddr(i), seg.chunkSize(i),
+       seg.device, stream);
+  counters_.drop_bytes += seg.chunkSize(i);
+  c.dup = false;
 }
 
 uint64_t Residency::bringIn(
@@ -475,12 +486,7 @@ uint64_t Residency::touch(
     // The ledger follows each segment on its own device only: a move to
     // another GPU is made as asked, and counted as having left this one.
     for (size_t i = first; i < last; ++i) {
-      if (seg->chunks[i].dup) {
-        emit(out, seg->base, Action::DropDuplicate, seg->chunkAddr(i),
-             seg->chunkSize(i), seg->device, stream);
-        counters_.drop_bytes += seg->chunkSize(i);
-        seg->chunks[i].dup = false;
-      }
+      dropDuplicate(*seg, i, stream, out);
       setWhere(*seg, i, Where::Host);
     }
     emit(out, seg->base, Action::PrefetchToDevice, addr, hi - addr, device, stream);

@@ -334,6 +334,10 @@ class Residency {
   // Returns its bytes.
   uint64_t leave(Segment& seg, size_t i, const DeviceLimits& limits,
                  std::vector<Action>& out);
+  // If chunk i of seg is a read-only duplicate, unset ReadMostly on it
+  // first thing on its way off the device (Note [Read-only duplicates]).
+  void dropDuplicate(Segment& seg, size_t i, void* stream,
+                     std::vector<Action>& out);
   void emit(
       std::vector<Action>& out,
       uintptr_t segment,
