@@ -38,22 +38,24 @@ def _title(record: dict[str, Any]) -> str:
     )
 
 
-
 def _save(plt: Any, fig: Any, dest: Path) -> None:
     fig.tight_layout()
     fig.savefig(dest, dpi=120)
     plt.close(fig)
 
+
 def plot_step_time(record: dict[str, Any], dest: Path) -> None:
     plt = _pyplot()
     summary = record["summary"]
     models = list(summary)
-    modes = ["stock", "um-off", "um"]
+    # The modes that ran (the record's settings name them; older records ran these three).
+    modes = record.get("settings", {}).get("modes") or ["stock", "um-off", "um"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.27
+    width = 0.8 / len(modes)
     for i, mode in enumerate(modes):
-        values = [summary[m][mode]["best_ms"] for m in models]
-        bars = ax.bar([x + (i - 1) * width for x in range(len(models))], values, width, label=mode)
+        values = [summary[m][mode]["best_ms"] if mode in summary[m] else 0 for m in models]
+        offset = (i - (len(modes) - 1) / 2) * width
+        bars = ax.bar([x + offset for x in range(len(models))], values, width, label=mode)
         for bar, model in zip(bars, models, strict=True):
             ratio = summary[model].get(f"{mode}/stock", {}).get("best_ms")
             if ratio is not None:
@@ -133,7 +135,8 @@ def plot_residency(record: dict[str, Any], dest: Path) -> None:
             fontsize=8,
         )
     ax.set_yscale("log")
-    ax.set_ylim(bottom=bottom)
+    # Room above the tallest bar for its two-line label (a log axis: a factor).
+    ax.set_ylim(bottom=bottom, top=max(known) * 3 if known else None)
     ax.set_xticks(range(len(modes)), modes, rotation=15, fontsize=8)
     ax.set_ylabel("step, median of rounds (s, log)")
     settings = record["settings"]

@@ -3,7 +3,8 @@ trained (``train``) or run forward (``infer``) by stock torch, by torch +um with
 residency engine, and by the peers that fit the same budget by other means.
 
     python -m bench.residency {train,infer} --stock-pythonpath STOCK --um-pythonpath UM
-        [--rounds 2] [--steps 10] [--warmup 2] [--budget SIZE] [--modes a,b,...] [--out DIR]
+        [--prev-pythonpath PREV] [--rounds 2] [--steps 10] [--warmup 2] [--budget SIZE]
+        [--modes a,b,...] [--out DIR]
 
 The model: ``GPT2LMHeadModel(GPT2Config(n_layer=24, n_embd=2048, n_head=16,
 vocab_size=32000, n_positions=1024))`` with dropout 0 and no KV cache, built in bf16 on the
@@ -16,11 +17,14 @@ budget 8 GiB), modes:
   um-nobudget         +um, device_budget 100 %
   um-static           +um, policy static, device_budget BUDGET
   um                  +um, policy lru, device_budget BUDGET
+  um-prev             as um, with the previous engine: a +um torch staged from an earlier
+                      commit's bundle (--prev-pythonpath; run only when that is given), so
+                      that a change is measured against the policy before it in one run
   fsdp2-offload-ckpt  stock torch, single-process FSDP2 (fully_shard per GPT2Block and root,
                       CPUOffloadPolicy), HF gradient checkpointing, memory fraction BUDGET/total
   stock-fraction      stock torch at memory fraction BUDGET/total (expected: out of memory)
 ``infer`` (forward of batch 8 x 512 under torch.inference_mode; default budget 2 GiB), modes:
-  stock, um-static, um, and
+  stock, um-static, um, um-prev, and
   um-copies           +um, policy lru with read-only copies of the weights (read_copies:True,
                       off by default: see bench/README.md)
   um-nohooks          +um, policy lru driven by block events alone (hooks:False)
@@ -48,9 +52,9 @@ torch.cuda.max_memory_allocated() and ``over = max(0, peak - budget)``:
 
 with ``stock_s`` the median seconds of the ``stock`` mode. Printed per mode: its median step
 seconds (median over rounds of the per-worker medians; null when it ran out of memory), its
-ratio to ``um-static`` and to the floor, and its agreement with stock: the largest absolute
-difference of the per-step losses (train) or the relative difference of the logits checksum,
-float(logits.float().sum()) of the fixed input (infer).
+ratio to ``um-static``, to ``um-prev`` and to the floor, and its agreement with stock: the
+largest absolute difference of the per-step losses (train) or the relative difference of the
+logits checksum, float(logits.float().sum()) of the fixed input (infer).
 
 The record, ``<out>/residency-<train|infer>-<gpu>-<date>.json``: command, machine, the +um
 torch and engine, settings, ``summary`` = ``{"floor_s": ..., "modes": {<mode>: median seconds
@@ -93,19 +97,22 @@ MODES: dict[str, tuple[str, ...]] = {
         "um-nobudget",
         "um-static",
         "um",
+        "um-prev",
         "um-nohooks",
         "fsdp2-offload-ckpt",
         "stock-fraction",
     ),
-    "infer": ("stock", "um-static", "um", "um-copies", "um-nohooks", "accelerate"),
+    "infer": ("stock", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "accelerate"),
 }
-UM_MODES = ("um-nobudget", "um-static", "um", "um-copies", "um-nohooks")
+UM_MODES = ("um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks")
+PREV = "um-prev"  # runs on --prev-pythonpath
 # The engine's settings per UM mode (um-nohooks: the residency policy driven by the
 # allocator's block events alone, without torch.cuda.um's module hooks).
 UM_CONF = {
     "um-nobudget": "",
     "um-static": "policy:static",
     "um": "policy:lru,hooks:True",
+    PREV: "policy:lru,hooks:True",
     "um-nohooks": "policy:lru,hooks:False",
     "um-copies": "policy:lru,read_copies:True",
 }
@@ -170,7 +177,7 @@ def summarize(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(summary, analysis). summary = {"floor_s", "modes": {mode: median s or None}} over
     every mode of the workload; analysis: the floor's inputs, per mode the ratios to
-    um-static and to the floor, the agreement with stock, and OOMs / errors."""
+    um-static, to um-prev and to the floor, the agreement with stock, and OOMs / errors."""
     modes = {m: mode_seconds(samples, m) for m in MODES[workload]}
     stock_runs = [s for s in samples if s["mode"] == "stock" and _ok(s)]
     ref = stock_runs[0] if stock_runs else None
@@ -180,6 +187,7 @@ def summarize(
     d2h = max((s["d2h_bytes_per_s"] for s in links), default=0.0)
     floor = floor_seconds(workload, modes["stock"], peak, budget, h2d, d2h)
     static = modes.get("um-static")
+    prev = modes.get(PREV)
     rows: dict[str, Any] = {}
     for mode, sec in modes.items():
         runs = [s for s in samples if s["mode"] == mode]
@@ -189,6 +197,7 @@ def summarize(
             "seconds": sec,
             "first_step_s": statistics.median(firsts) if firsts else None,
             "per_um_static": sec / static if sec is not None and static else None,
+            "per_um_prev": sec / prev if sec is not None and prev else None,
             "per_floor": sec / floor if sec is not None and floor else None,
             "agreement": max(diffs) if diffs else None,
             "runs": len(runs),
@@ -238,7 +247,8 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
         f" GiB, over budget {_num(f['over_budget_bytes'] and f['over_budget_bytes'] / GiB, '.2f')}"
         f" GiB, pinned h2d/d2h {gbs[0]}/{gbs[1]} GB/s",
         f"PCIe floor = {f['formula']} = {_num(summary['floor_s'], '.4f')} s",
-        f"{'mode':20s}{'step s':>10s}{'first s':>10s}{'/um-static':>12s}{'/floor':>9s}"
+        f"{'mode':20s}{'step s':>10s}{'first s':>10s}{'/um-static':>12s}{'/um-prev':>10s}"
+        f"{'/floor':>9s}"
         f"{'vs stock':>12s}  note",
     ]
     for mode, row in analysis["modes"].items():
@@ -251,7 +261,8 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
             note.append("not run")
         lines.append(
             f"{mode:20s}{_num(row['seconds'], '10.4f')}{_num(row['first_step_s'], '10.3f')}"
-            f"{_num(row['per_um_static'], '12.3f')}{_num(row['per_floor'], '9.2f')}"
+            f"{_num(row['per_um_static'], '12.3f')}{_num(row['per_um_prev'], '10.3f')}"
+            f"{_num(row['per_floor'], '9.2f')}"
             f"{_num(row['agreement'], '12.3g')}  {'; '.join(note)}"
         )
     return "\n".join(lines)
@@ -270,22 +281,37 @@ def describe(s: dict[str, Any]) -> str:
     line = head + f" {s['median_s']:.4f} s/step (first {s['first_step_s']:.3f} s)"
     st = s.get("um_stats") or {}
     if st:
-        gb = {k: st.get(f"um.{k}", 0) / 1e9 for k in ("evict_bytes", "discard_bytes",
-                                                      "touch_prefetch_bytes", "reuse_bytes",
-                                                      "map_host_bytes")}
+        gb = {
+            k: st.get(f"um.{k}", 0) / 1e9
+            for k in (
+                "evict_bytes",
+                "discard_bytes",
+                "touch_prefetch_bytes",
+                "reuse_bytes",
+                "map_host_bytes",
+                "cancelled_bytes",
+            )
+        }
         line += " | " + ", ".join(f"{k} {v:.1f} GB" for k, v in gb.items())
         line += f", executor {st.get('um.executor_ns', 0) / 1e9:.2f} s"
         line += f", failures {st.get('um.executor_failures', 0)}"
     return line
 
 
-def selected_modes(workload: str, text: str | None) -> list[str]:
+def selected_modes(workload: str, text: str | None, prev: bool = False) -> list[str]:
+    """The modes to run: all of the workload's (um-prev only with ``prev``, a previous
+    engine to run it on), or the comma-separated ``text``."""
     if text is None:
-        return list(MODES[workload])
+        return [m for m in MODES[workload] if m != PREV or prev]
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES[workload]]
     if bad or not modes:
         raise BenchError(f"--modes {text!r}: {workload} modes are {', '.join(MODES[workload])}")
+    if PREV in modes and not prev:
+        raise BenchError(
+            f"mode {PREV} runs the previous engine: give --prev-pythonpath, a +um torch "
+            "staged from an earlier commit's bundle (bench/run_on_device.sh: PREV_BUNDLE)"
+        )
     return modes
 
 
@@ -501,7 +527,7 @@ def run_all(
     for r in range(rounds):
         shift = r % len(modes)
         for mode in modes[shift:] + modes[:shift]:
-            path = paths["um"] if mode in UM_MODES else paths["stock"]
+            path = paths["prev"] if mode == PREV else paths["um" if mode in UM_MODES else "stock"]
             res = _safe_worker(mode, [workload, *worker_args], path, timeout)
             res.setdefault("mode", mode)
             print(f"round {r + 1}/{rounds} {describe(res)}", flush=True)
@@ -516,7 +542,8 @@ def record(
     did not run or failed (their samples carry no machine)."""
     summary, analysis = summarize(workload, samples, settings["budget_bytes"])
     stock = [s for s in samples if "machine" in s and s["mode"] not in UM_MODES]
-    um = [s for s in samples if "machine" in s and s["mode"] in UM_MODES]
+    # The engine under test describes the record; um-prev's is in its own samples.
+    um = [s for s in samples if "machine" in s and s["mode"] in UM_MODES and s["mode"] != PREV]
     any_machine = [s for s in samples if "machine" in s]
     if not any_machine:
         raise BenchError("no worker got as far as CUDA:\n" + describe(samples[-1]))
@@ -546,17 +573,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=600, help="seconds per worker")
     ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
     ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
+    ap.add_argument(
+        "--prev-pythonpath", default=None, help="PYTHONPATH of the previous engine (um-prev)"
+    )
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     a = ap.parse_args(argv)
     budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload]) // 4096 * 4096
     if a.worker:
         worker(a.mode, a.workload, a.steps, a.warmup, budget)
         return 0
-    modes = selected_modes(a.workload, a.modes)
+    modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
         raise BenchError("--rounds and --steps must be at least 1, --warmup at least 0")
     worker_args = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--budget", str(budget)]
-    paths = {"stock": a.stock_pythonpath, "um": a.um_pythonpath}
+    paths = {"stock": a.stock_pythonpath, "um": a.um_pythonpath, "prev": a.prev_pythonpath}
     samples = run_all(a.workload, modes, worker_args, a.rounds, paths, a.timeout)
     settings = {
         "workload": a.workload,

@@ -6,6 +6,8 @@
 #   bash bench/run_on_device.sh                          # both, default settings
 #   bash bench/run_on_device.sh step_time --rounds 2     # one, with its options
 #   bash bench/run_on_device.sh residency train --rounds 1   # residency: train or infer
+#   PREV_BUNDLE=.device/prev bash bench/run_on_device.sh residency train
+#       # adds mode um-prev: the engine of an earlier commit's bundle (carry it too)
 #
 # Results (JSON) and logs go to $OUT (default .device/bench); copy the JSON to
 # bench/results/ and run `python -m bench.plot` there.
@@ -18,9 +20,25 @@ OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/torch-um-stage.XXXXXX")
 trap 'rm -rf "$STAGE"' EXIT
-"$PY" tests/gpu/stage_torch.py --bundle "$BUNDLE" --dest "$STAGE/site" > "$OUT/stage.log"
 STOCK=${PYTHONPATH:-}
+# Another version than the installed torch (see tests/gpu/run_version_on_device.sh, which
+# joins its wheel): TORCH_WHEEL and NVIDIA_LIBS stage both torches from that wheel.
+STAGE_ARGS=()
+if [ -n "${TORCH_WHEEL:-}" ]; then
+  STAGE_ARGS=(--wheel "$TORCH_WHEEL")
+  for lib in ${NVIDIA_LIBS:-}; do STAGE_ARGS+=(--lib "$lib"); done
+  "$PY" tests/gpu/stage_torch.py --dest "$STAGE/stock" "${STAGE_ARGS[@]}" > "$OUT/stage.log"
+  STOCK="$STAGE/stock${STOCK:+:$STOCK}"
+fi
+"$PY" tests/gpu/stage_torch.py --bundle "$BUNDLE" --dest "$STAGE/site" "${STAGE_ARGS[@]}" \
+  >> "$OUT/stage.log"
 UM="$STAGE/site${STOCK:+:$STOCK}"
+PREV_ARGS=()
+if [ -n "${PREV_BUNDLE:-}" ]; then
+  "$PY" tests/gpu/stage_torch.py --bundle "$(cd "$PREV_BUNDLE" && pwd)" --dest "$STAGE/prev" \
+    >> "$OUT/stage.log"
+  PREV_ARGS=(--prev-pythonpath "$STAGE/prev${STOCK:+:$STOCK}")
+fi
 run() {
   local bench=$1
   shift
@@ -31,8 +49,11 @@ run() {
   local log=$bench
   # residency takes its workload (train or infer) first: one log each.
   if [ "$bench" = residency ] && [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then log="$bench-$1"; fi
+  local extra=()
+  if [ "$bench" = residency ]; then extra=("${PREV_ARGS[@]}"); fi
   echo "== bench.$bench $*"
-  "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" --um-pythonpath "$UM" --out "$OUT" "$@" \
+  "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" --um-pythonpath "$UM" --out "$OUT" \
+    "${extra[@]}" "$@" \
     2>&1 | tee "$OUT/$log.log"
 }
 if [ "$#" -gt 0 ]; then

@@ -146,6 +146,7 @@ def test_residency_summary_train() -> None:
         {"mode": "fsdp2-offload-ckpt", "error": "Traceback ...\nRuntimeError: nccl"},
         _res("stock", 0.3, max_allocated_bytes=21 * GIB, losses=[10.0, 9.0]),
         _res("um", 2.0, **losses),
+        _res("um-prev", 3.0, **losses),
     ]
     summary, analysis = residency.summarize("train", samples, 8 * GIB)
     assert set(summary) == {"floor_s", "modes"}
@@ -157,12 +158,14 @@ def test_residency_summary_train() -> None:
         "um-nobudget": None,  # not run
         "um-static": 4.0,
         "um": 1.5,
+        "um-prev": 3.0,
         "um-nohooks": None,  # not run
         "fsdp2-offload-ckpt": None,  # error
         "stock-fraction": None,  # out of memory
     }
     rows = analysis["modes"]
     assert rows["um"]["per_um_static"] == pytest.approx(1.5 / 4.0)
+    assert rows["um"]["per_um_prev"] == pytest.approx(0.5)
     assert rows["um"]["per_floor"] == pytest.approx(1.5 / floor)
     assert rows["um"]["first_step_s"] == pytest.approx(3.0)
     assert rows["um"]["agreement"] == 0.0 and rows["um-static"]["agreement"] == 0.5
@@ -186,6 +189,7 @@ def test_residency_summary_infer_without_stock_has_no_floor() -> None:
             "stock": None,
             "um-static": None,
             "um": 0.5,
+            "um-prev": None,
             "um-copies": None,
             "um-nohooks": None,
             "accelerate": 0.2,
@@ -208,6 +212,9 @@ def test_residency_selected_modes() -> None:
     assert residency.selected_modes("train", "um, stock") == ["um", "stock"]
     with pytest.raises(common.BenchError, match="train modes are"):
         residency.selected_modes("train", "accelerate")
+    assert "um-prev" in residency.selected_modes("infer", None, prev=True)
+    with pytest.raises(common.BenchError, match="--prev-pythonpath"):
+        residency.selected_modes("train", "um,um-prev")
 
 
 def test_residency_record_tolerates_failed_workers(

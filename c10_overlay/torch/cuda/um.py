@@ -122,6 +122,7 @@ class _Stats(ctypes.Structure):
             "evictor_ns",
             "duplicate_bytes",
             "drop_bytes",
+            "cancelled_bytes",
         )
     ]
 

@@ -395,6 +395,7 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.evictor_ns = ex.evictor_nanoseconds;
   s.duplicate_bytes = rc.duplicate_bytes;
   s.drop_bytes = rc.drop_bytes;
+  s.cancelled_bytes = ex.cancelled_bytes;
   return s;
 }
 

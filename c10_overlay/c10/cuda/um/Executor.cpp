@@ -149,20 +149,25 @@ void Executor::evictorLoop() {
   for (;;) {
     while (sem_wait(&queue_sem_) != 0) {
     }
-    EvictJob job;
+    // The job stays at the front while it is issued (Note [Cancelled
+    // moves]); deque::push_back keeps the reference valid.
+    EvictJob* taken = nullptr;
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
-      job = std::move(queue_.front());
-      queue_.erase(queue_.begin());
+      taken = &queue_.front();
+      taken_ = true;
     }
+    EvictJob& job = *taken;
     const auto t0 = std::chrono::steady_clock::now();
     Side& s = side(job.device);
     cudaError_t e = cudaSetDevice(job.device);
-    // Note [Discards leave through the evictor]: host waits, outside s.mu.
-    if (e == cudaSuccess && job.ready != nullptr) {
+    // Note [Discards leave through the evictor]: host waits, outside s.mu,
+    // for a job that still moves anything.
+    const bool moves = !job.ptrs.empty();
+    if (e == cudaSuccess && moves && job.ready != nullptr) {
       e = cudaEventSynchronize(job.ready);
     }
-    if (e == cudaSuccess && job.discard) {
+    if (e == cudaSuccess && moves && job.discard) {
       cudaStream_t side_stream = nullptr;
       {
         std::lock_guard<std::mutex> lock(s.mu);
@@ -179,7 +184,7 @@ void Executor::evictorLoop() {
       }
       if (e == cudaSuccess && job.ready != nullptr) {
         e = cudaStreamWaitEvent(s.stream, job.ready, 0);
-        if (e == cudaSuccess && !job.ptrs.empty()) {
+        if (e == cudaSuccess && moves) {
           e = job.discard
               ? compat::discardBatch(
                     job.ptrs.data(), job.sizes.data(), job.ptrs.size(), s.stream)
@@ -204,9 +209,16 @@ void Executor::evictorLoop() {
     if (job.ready != nullptr) {
       (void)cudaEventDestroy(job.ready);
     }
+    const int device = job.device;
+    const bool discard = job.discard;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      queue_.pop_front();
+      taken_ = false;
+    }
     if (e != cudaSuccess) {
-      fail(e, Action{job.discard ? Action::Discard : Action::EvictToHost, 0, 0,
-                     job.device, nullptr});
+      fail(e, Action{discard ? Action::Discard : Action::EvictToHost, 0, 0,
+                     device, nullptr});
     }
     calls_.fetch_add(4, kRelaxed);
     evictor_ns_.fetch_add(
@@ -215,6 +227,92 @@ void Executor::evictorLoop() {
             .count(),
         kRelaxed);
   }
+}
+
+uint64_t Executor::cancelQueued(
+    int device,
+    std::vector<void*>& ptrs,
+    std::vector<size_t>& sizes) {
+  using Piece = std::pair<uintptr_t, uintptr_t>;
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  const size_t first = taken_ ? 1 : 0;
+  if (queue_.size() <= first) {
+    return 0;
+  }
+  uint64_t removed = 0;
+  size_t keep = 0;
+  std::vector<Piece> pieces;
+  for (size_t k = 0; k < ptrs.size(); ++k) {
+    const auto lo = reinterpret_cast<uintptr_t>(ptrs[k]);
+    const uintptr_t hi = lo + sizes[k];
+    // Covered whole by queued jobs, and untouched by the one being issued?
+    bool whole = true;
+    pieces.clear();
+    for (size_t j = 0; j < queue_.size() && whole; ++j) {
+      const EvictJob& job = queue_[j];
+      if (job.device != device) {
+        continue;
+      }
+      for (size_t r = 0; r < job.ptrs.size(); ++r) {
+        const auto a = reinterpret_cast<uintptr_t>(job.ptrs[r]);
+        const uintptr_t b = a + job.sizes[r];
+        if (b <= lo || a >= hi) {
+          continue;
+        }
+        if (j < first) {
+          whole = false;
+          break;
+        }
+        pieces.emplace_back(std::max(a, lo), std::min(b, hi));
+      }
+    }
+    std::sort(pieces.begin(), pieces.end());
+    uintptr_t reached = lo;
+    for (const Piece& p : pieces) {
+      if (p.first > reached) {
+        break;
+      }
+      reached = std::max(reached, p.second);
+    }
+    if (!whole || reached < hi) {
+      ptrs[keep] = ptrs[k];
+      sizes[keep] = sizes[k];
+      ++keep;
+      continue;
+    }
+    // Cut [lo, hi) out of every queued job of the device.
+    for (size_t j = first; j < queue_.size(); ++j) {
+      EvictJob& job = queue_[j];
+      if (job.device != device) {
+        continue;
+      }
+      std::vector<void*> p2;
+      std::vector<size_t> s2;
+      for (size_t r = 0; r < job.ptrs.size(); ++r) {
+        const auto a = reinterpret_cast<uintptr_t>(job.ptrs[r]);
+        const uintptr_t b = a + job.sizes[r];
+        if (b <= lo || a >= hi) {
+          p2.push_back(job.ptrs[r]);
+          s2.push_back(job.sizes[r]);
+          continue;
+        }
+        if (a < lo) {
+          p2.push_back(job.ptrs[r]);
+          s2.push_back(lo - a);
+        }
+        if (hi < b) {
+          p2.push_back(reinterpret_cast<void*>(hi));
+          s2.push_back(b - hi);
+        }
+      }
+      job.ptrs.swap(p2);
+      job.sizes.swap(s2);
+    }
+    removed += sizes[k];
+  }
+  ptrs.resize(keep);
+  sizes.resize(keep);
+  return removed;
 }
 
 cudaError_t Executor::waitFor(int device, uint64_t fence, cudaStream_t stream) {
@@ -290,6 +388,16 @@ void Executor::run(
         continue;
       }
       const uint64_t fence = group(actions, i, ptrs, sizes);
+      if (fence > 0 &&
+          (a.kind == Action::PrefetchToDevice ||
+           a.kind == Action::DiscardAndPrefetch)) {
+        // Note [Cancelled moves]: pages whose way out is still queued stay.
+        cancelled_bytes_.fetch_add(
+            cancelQueued(a.device, ptrs, sizes), kRelaxed);
+        if (ptrs.empty()) {
+          continue;
+        }
+      }
       auto stream = static_cast<cudaStream_t>(a.stream);
       cudaError_t e = cudaSuccess;
       switch (a.kind) {
@@ -409,7 +517,8 @@ void Executor::run(
 
 ExecutorCounters Executor::counters() const {
   return ExecutorCounters{
-      calls_.load(), failures_.load(), ns_.load(), evictor_ns_.load()};
+      calls_.load(), failures_.load(), ns_.load(), evictor_ns_.load(),
+      cancelled_bytes_.load()};
 }
 
 } // namespace c10::cuda::um

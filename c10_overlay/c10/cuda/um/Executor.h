@@ -40,6 +40,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -50,6 +51,7 @@ struct ExecutorCounters {
   uint64_t failures = 0;
   uint64_t nanoseconds = 0; // host time spent issuing, in the caller
   uint64_t evictor_nanoseconds = 0; // host time of the evictor thread
+  uint64_t cancelled_bytes = 0; // queued moves called off (Note [Cancelled moves])
 };
 
 class Executor {
@@ -105,10 +107,28 @@ class Executor {
   // the host waits (bench/README.md, "Discard ordering"). Prefetches to the
   // CPU wait on the host for their `ready` event too: ordered on the GPU
   // only, the inference benchmark's logits differed from stock's (relative
-  // checksum difference 5.5e-4), with the wait they are equal. The compute
-  // threads never wait on the host for the evictor themselves: a
-  // later use of the chunk waits for the batch's event on the GPU (Note
-  // [Eviction fences]).
+  // checksum difference 5.5e-4), with the wait they are equal. A later use
+  // of the chunk waits on the host until its batch is issued, then for the
+  // batch's event on the GPU (Note [Eviction fences]), unless it calls the
+  // move off (Note [Cancelled moves]).
+  //
+  // Note [Cancelled moves]
+  // ~~~~~~~~~~~~~~~~~~~~~~
+  // The evictor runs behind the compute threads (its host waits above), so
+  // a chunk is often needed again while the job that moves it out is still
+  // queued: the caching allocator hands a just-freed block straight back
+  // (training re-placed ~8.6 GB of discarded chunks per step), and a live
+  // chunk evicted by LRU is touched by the next layer. Waiting for the job
+  // to be issued and then moving the pages back costs the compute thread
+  // the evictor's whole backlog. Instead, a bring-in of pages that are
+  // still in queued jobs, and in no job the evictor has taken, removes them
+  // from those jobs and does nothing: the pages never left the device, which
+  // is where the ledger now wants them, with their data (a touch) or with
+  // contents nobody reads (a reused dead chunk). The budget holds: the
+  // ledger made room for the bring-in when it decided it, and the pages the
+  // cancelled job would have freed are the ones the bring-in fills.
+  // Only whole ranges are called off; a range partly in a taken job takes
+  // the ordinary path (wait for its batch, then move).
   struct EvictJob {
     int device;
     uint64_t seq;
@@ -119,6 +139,13 @@ class Executor {
   };
   void enqueue(EvictJob job);
   void evictorLoop();
+  // Note [Cancelled moves]: removes from the queued jobs of `device` every
+  // range of ptrs/sizes that they cover whole (and the job being issued does
+  // not touch); those ranges leave ptrs/sizes. Returns the bytes removed.
+  uint64_t cancelQueued(
+      int device,
+      std::vector<void*>& ptrs,
+      std::vector<size_t>& sizes);
   // Orders `stream` after eviction batch `fence` of `device`.
   cudaError_t waitFor(int device, uint64_t fence, cudaStream_t stream);
   Side& side(int device);
@@ -148,7 +175,11 @@ class Executor {
   std::atomic<uint64_t> serving_{0};
 
   std::mutex queue_mu_;
-  std::vector<EvictJob> queue_; // guarded by queue_mu_
+  // Guarded by queue_mu_. The front job stays in the deque while the
+  // evictor issues it (`taken_`), so that cancelQueued() can see it and
+  // leave it alone; push_back never moves it.
+  std::deque<EvictJob> queue_;
+  bool taken_ = false;
   sem_t queue_sem_;
   std::once_flag evictor_once_;
 
@@ -158,6 +189,7 @@ class Executor {
   std::atomic<uint64_t> failures_{0};
   std::atomic<uint64_t> ns_{0};
   std::atomic<uint64_t> evictor_ns_{0};
+  std::atomic<uint64_t> cancelled_bytes_{0};
 };
 
 } // namespace c10::cuda::um

@@ -61,6 +61,8 @@ typedef struct TorchUmStats {
   uint64_t evictor_ns;         /* host time of the evictor thread (Executor.h) */
   uint64_t duplicate_bytes;    /* live bytes brought in as read-only copies */
   uint64_t drop_bytes;         /* read-only copies dropped, nothing written back */
+  uint64_t cancelled_bytes;    /* queued evictions and discards called off by a
+                                  bring-in of the same pages (Executor.h) */
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
