@@ -51,9 +51,11 @@ def gpt() -> Workload:
 WORKLOADS: dict[str, Callable[[], Workload]] = {"resnet50": resnet50, "gpt": gpt}
 
 
-def train_steps(workload: Workload, steps: int, timed_from: int) -> tuple[list[float], list[float]]:
+def train_steps(
+    workload: Workload, steps: int, timed_from: int, first: list[float] | None = None
+) -> tuple[list[float], list[float]]:
     """Run ``steps`` SGD steps; return every step's loss and the CUDA-event time in ms of
-    the steps from ``timed_from`` on."""
+    the steps from ``timed_from`` on (and append the first step's to ``first``)."""
     model, batch, target = workload
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -69,7 +71,10 @@ def train_steps(workload: Workload, steps: int, timed_from: int) -> tuple[list[f
         opt.step()
         end.record()
         losses.append(loss.detach())
-        if step >= timed_from:
+        if step >= timed_from or step == 0:
             events.append((start, end))
     torch.cuda.synchronize()
-    return [float(v) for v in losses], [s.elapsed_time(e) for s, e in events]
+    times = [s.elapsed_time(e) for s, e in events]
+    if first is not None and times:
+        first.append(times[0])
+    return [float(v) for v in losses], times[1:] if timed_from > 0 else times

@@ -58,6 +58,7 @@ def bundle(
         "git_version": m.upstream.commit,
         "integration": m.integration,
         "built_for_wheel": inputs.pin.filename,
+        "wheel_sha256": inputs.pin.sha256,
         "replaced": {f.path: f.sha256 for f in m.sources},
         "files": {rel: sha256_file(dest / "files" / rel) for rel in sorted(files)},
     }

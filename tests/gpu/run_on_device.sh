@@ -62,7 +62,18 @@ EOF
 cat "$OUT/env.txt"
 
 STOCK_PYTHONPATH=${PYTHONPATH:-}
-"$PY" tests/gpu/stage_torch.py --bundle "$BUNDLE" --dest "$STAGE/site" 2>&1 | tee "$OUT/stage.log"
+# Another version than the installed torch (run_version_on_device.sh): both the +um torch
+# and the stock reference are staged from its official wheel, with the libraries it needs.
+STAGE_ARGS=()
+if [ -n "${TORCH_WHEEL:-}" ]; then
+  STAGE_ARGS=(--wheel "$TORCH_WHEEL")
+  for lib in ${NVIDIA_LIBS:-}; do STAGE_ARGS+=(--lib "$lib"); done
+  "$PY" tests/gpu/stage_torch.py --dest "$STAGE/stock" "${STAGE_ARGS[@]}" 2>&1 | tee "$OUT/stage.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "staging the stock reference failed"; exit 2; }
+  STOCK_PYTHONPATH="$STAGE/stock${STOCK_PYTHONPATH:+:$STOCK_PYTHONPATH}"
+fi
+"$PY" tests/gpu/stage_torch.py --bundle "$BUNDLE" --dest "$STAGE/site" "${STAGE_ARGS[@]}" 2>&1 \
+  | tee -a "$OUT/stage.log"
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "staging failed"; exit 2; }
 
 PP="$STAGE/site"

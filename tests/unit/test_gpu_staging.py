@@ -1,0 +1,133 @@
+"""The tools that bring a torch version to the GPU host: tests/gpu/ship.py (parts, joined by
+sha256) and tests/gpu/stage_torch.py (staging from an official wheel, with library overrides).
+Both run there with the standard library only; here they run on fake wheels."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.gpu import ship, stage_torch
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_ship_round_trip_and_pin(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 41  # 10496 bytes: four parts of 3000 and a short one
+    src = tmp_path / "big.whl"
+    src.write_bytes(data)
+    listing = ship.split(src, tmp_path / "parts", size=3000)
+    record = json.loads(listing.read_text())
+    assert [p["size"] for p in record["parts"]] == [3000, 3000, 3000, 1496]
+    assert record["sha256"] == _sha(data)
+    out = ship.join(listing, tmp_path / "out", pin=_sha(data))
+    assert out.read_bytes() == data and out.name == "big.whl"
+    assert not list((tmp_path / "out").glob("*.partial"))
+    with pytest.raises(ship.ShipError, match="these are parts of another file"):
+        ship.join(listing, tmp_path / "out2", pin="0" * 64)
+
+
+def test_ship_join_names_missing_and_damaged_parts(tmp_path: Path) -> None:
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"x" * 100)
+    listing = ship.split(src, tmp_path / "parts", size=30)
+    (tmp_path / "parts" / "f.bin.part02").unlink()
+    with pytest.raises(ship.ShipError, match=r"1 of 4 parts .* f\.bin\.part02"):
+        ship.join(listing, tmp_path / "out")
+    (tmp_path / "parts" / "f.bin.part02").write_bytes(b"y" * 30)
+    with pytest.raises(ship.ShipError, match="differ from the list: f.bin.part02"):
+        ship.join(listing, tmp_path / "out")
+    assert not (tmp_path / "out" / "f.bin").exists()
+    assert ship.main(["join", str(tmp_path / "nope.parts.json"), "--out", str(tmp_path)]) == 1
+
+
+def _fake_install(root: Path) -> Path:
+    """An installed torch 1.0.0 with its nvidia/ tree; returns the torch folder."""
+    torch_dir = root / "torch"
+    (torch_dir / "lib").mkdir(parents=True)
+    (torch_dir / "version.py").write_text("__version__ = '1.0.0'\n")
+    for rel in ("nccl/lib/libnccl.so.2", "cu13/lib/libcudart.so.13"):
+        (root / "nvidia" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "nvidia" / rel).write_bytes(b"old " + rel.encode())
+    return torch_dir
+
+
+def _fake_wheel(path: Path, init: bytes) -> bytes:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("torch/version.py", "__version__ = '9.9.9+cu130'\ngit_version = 'abc123'\n")
+        zf.writestr("torch/__init__.py", init)
+        zf.writestr("torch/lib/libc10.so", b"\x7fELF c10")
+    return path.read_bytes()
+
+
+def _bundle(root: Path, wheel_sha: str, init: bytes) -> Path:
+    files = {"torch/__init__.py": b"# patched\n", "torch/lib/libtorch_um.so": b"\x7fELF um"}
+    for rel, data in files.items():
+        (root / "files" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "files" / rel).write_bytes(data)
+    manifest = {
+        "torch_version": "9.9.9",
+        "git_version": "abc123",
+        "wheel_sha256": wheel_sha,
+        "replaced": {"torch/__init__.py": _sha(init)},
+        "files": {rel: _sha(data) for rel, data in files.items()},
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_stage_from_a_wheel_with_a_newer_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = _fake_install(tmp_path / "site")
+    monkeypatch.setattr(stage_torch, "installed_torch", lambda: installed)
+    init = b"# official\n"
+    wheel = tmp_path / "torch-9.9.9-cp312-cp312-manylinux_2_28_x86_64.whl"
+    wheel_sha = _sha(_fake_wheel(wheel, init))
+    bundle = _bundle(tmp_path / "bundle", wheel_sha, init)
+    newer = tmp_path / "libnccl.so.2"
+    newer.write_bytes(b"new nccl")
+    stage = tmp_path / "stage"
+    libs = {"nccl/lib/libnccl.so.2": newer}
+
+    um = stage_torch.stage(bundle, stage / "site", wheel, libs)
+    assert (um / "torch" / "__init__.py").read_bytes() == b"# patched\n"
+    assert (um / "torch" / "lib" / "libtorch_um.so").read_bytes() == b"\x7fELF um"
+    assert (um / "torch" / "lib" / "libc10.so").is_symlink()  # from the unpacked wheel
+    assert (um / "nvidia" / "nccl" / "lib" / "libnccl.so.2").read_bytes() == b"new nccl"
+    assert (um / "nvidia" / "cu13" / "lib" / "libcudart.so.13").resolve() == (
+        tmp_path / "site" / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
+    )
+    stock = stage_torch.stage(None, stage / "stock", wheel, libs)  # reuses the unpacked wheel
+    assert (stock / "torch" / "__init__.py").read_bytes() == init
+    assert (um / "torch" / "lib" / "libc10.so").exists()  # still there after the second stage
+    assert (tmp_path / "site" / "nvidia" / "nccl" / "lib" / "libnccl.so.2").read_bytes() == (
+        b"old nccl/lib/libnccl.so.2"
+    )  # the installed tree is untouched
+
+
+def test_stage_refuses_a_wheel_that_is_not_the_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = _fake_install(tmp_path / "site")
+    monkeypatch.setattr(stage_torch, "installed_torch", lambda: installed)
+    wheel = tmp_path / "torch-9.9.9-cp312-cp312-manylinux_2_28_x86_64.whl"
+    _fake_wheel(wheel, b"# official\n")
+    bundle = _bundle(tmp_path / "bundle", "0" * 64, b"# official\n")
+    with pytest.raises(SystemExit, match="not the pinned wheel"):
+        stage_torch.stage(bundle, tmp_path / "stage" / "site", wheel)
+    assert not (tmp_path / "stage" / "site").exists()
+
+
+def test_lib_argument_is_checked() -> None:
+    assert stage_torch._lib("nccl/lib/libnccl.so.2=/x/libnccl.so.2")[0] == "nccl/lib/libnccl.so.2"
+    for bad in ("libnccl.so.2", "=/x", "../etc/passwd=/x", "/abs=/x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected REL=PATH"):
+            stage_torch._lib(bad)
