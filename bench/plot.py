@@ -3,7 +3,7 @@
     python -m bench.plot [RESULT.json ...]
 
 Without arguments: the newest JSON file of each benchmark (step_time, oversubscribe,
-residency-train, residency-infer) in bench/results/.
+residency-train, residency-infer, residency-ddp) in bench/results/.
 Needs matplotlib (``pip install -e '.[bench]'``).
 """
 
@@ -154,6 +154,7 @@ PLOTTERS = {
     "oversubscribe": plot_oversubscribe,
     "residency-train": plot_residency,
     "residency-infer": plot_residency,
+    "residency-ddp": plot_residency,
 }
 
 

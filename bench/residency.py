@@ -2,7 +2,7 @@
 trained (``train``) or run forward (``infer``) by stock torch, by torch +um with the
 residency engine, and by the peers that fit the same budget by other means.
 
-    python -m bench.residency {train,infer} --stock-pythonpath STOCK --um-pythonpath UM
+    python -m bench.residency {train,infer,ddp} --stock-pythonpath STOCK --um-pythonpath UM
         [--prev-pythonpath PREV] [--rounds 2] [--steps 10] [--warmup 2] [--budget SIZE]
         [--modes a,b,...] [--out DIR]
 
@@ -32,6 +32,13 @@ budget 8 GiB), modes:
                       model, max_memory={0: BUDGET, "cpu": "200GiB"},
                       no_split_module_classes=["GPT2Block"])), the model built on the CPU
 
+``ddp`` (2 GPUs, e.g. the device kind nvidia-h200-x2; default budget 12 GiB per rank, so that
+both ranks' overflow fits the host's memory): the ``train`` workload under
+DistributedDataParallel (NCCL, gradient_as_bucket_view), one process per GPU, each rank with
+its own tokens and the budget (or memory fraction) on its own GPU; modes stock, um-static,
+um, um-prev, stock-fraction. A step's time is the slower rank's; the record keeps every
+rank's fields under ``ranks``.
+
 Every mode is a worker process of its own, alternating over rounds (the order rotates each
 round); a worker times WARMUP + STEPS steps, each between two torch.cuda.synchronize() calls,
 and its median over the STEPS timed ones is one sample. A UM worker reads free GPU memory
@@ -44,7 +51,7 @@ The PCIe floor. A ``link`` worker (stock torch, plain cudaMalloc) measures page-
 of 1 GiB, best of 3: ``h2d`` and ``d2h`` in bytes/s. With ``peak`` the stock in-memory run's
 torch.cuda.max_memory_allocated() and ``over = max(0, peak - budget)``:
 
-    train: floor_s = max(stock_s, over / min(h2d, d2h))
+    train, ddp: floor_s = max(stock_s, over / min(h2d, d2h))   (ddp: per rank, own link)
            (over bytes leave the GPU and come back every step: 2 x over bytes, both
            directions at once, full duplex, so the slower direction bounds it)
     infer: floor_s = max(stock_s, over / h2d)
@@ -73,12 +80,14 @@ import resource
 import socket
 import statistics
 import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    MARK,
     BenchError,
     GiB,
     command_line,
@@ -103,6 +112,7 @@ MODES: dict[str, tuple[str, ...]] = {
         "stock-fraction",
     ),
     "infer": ("stock", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "accelerate"),
+    "ddp": ("stock", "um-static", "um", "um-prev", "stock-fraction"),
 }
 UM_MODES = ("um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks")
 PREV = "um-prev"  # runs on --prev-pythonpath
@@ -116,8 +126,10 @@ UM_CONF = {
     "um-nohooks": "policy:lru,hooks:False",
     "um-copies": "policy:lru,read_copies:True",
 }
-DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB"}
-BATCH = {"train": (4, 1024), "infer": (8, 512)}
+DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "ddp": "12GiB"}
+BATCH = {"train": (4, 1024), "infer": (8, 512), "ddp": (4, 1024)}
+TRAINING = ("train", "ddp")  # workloads that train (losses, the full-duplex floor)
+WORLD = 2  # ddp: ranks, one GPU each
 LINK = "link"  # the pinned-copy worker
 LINK_BYTES = GiB
 MODULE = "bench.residency"
@@ -142,7 +154,7 @@ def floor_seconds(
     if stock_s is None or peak is None:
         return None
     over = max(0, peak - budget)
-    link = min(h2d, d2h) if workload == "train" else h2d
+    link = min(h2d, d2h) if workload in TRAINING else h2d
     return max(stock_s, over / link) if link > 0 else None
 
 
@@ -163,11 +175,11 @@ def agreement(workload: str, ref: dict[str, Any] | None, sample: dict[str, Any])
     checksums (step by step)."""
     if ref is None or not _ok(sample):
         return None
-    key = "losses" if workload == "train" else "checksums"
+    key = "losses" if workload in TRAINING else "checksums"
     pairs = list(zip(ref[key], sample[key], strict=False))
     if not pairs:
         return None
-    if workload == "train":
+    if workload in TRAINING:
         return float(max(abs(a - b) for a, b in pairs))
     return float(max(abs(b - a) / abs(a) if a else abs(b - a) for a, b in pairs))
 
@@ -213,11 +225,11 @@ def summarize(
             "h2d_bytes_per_s": h2d or None,
             "d2h_bytes_per_s": d2h or None,
             "formula": "max(stock_s, over / min(h2d, d2h))"
-            if workload == "train"
+            if workload in TRAINING
             else "max(stock_s, over / h2d)",
         },
         "agreement_metric": "max abs loss difference per step"
-        if workload == "train"
+        if workload in TRAINING
         else "max relative difference of the logits checksum",
         "modes": rows,
         "link_errors": [s["error"] for s in samples if s["mode"] == LINK and "error" in s],
@@ -360,12 +372,12 @@ def _build_model(torch: Any, workload: str) -> Any:
         partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
         torch.save(model.state_dict(), partial)
         os.replace(partial, cache)
-    return model.train() if workload == "train" else model.eval()
+    return model.train() if workload in TRAINING else model.eval()
 
 
-def _tokens(torch: Any, workload: str) -> Any:
+def _tokens(torch: Any, workload: str, rank: int = 0) -> Any:
     batch, seq = BATCH[workload]
-    gen = torch.Generator().manual_seed(1234)
+    gen = torch.Generator().manual_seed(1234 + rank)
     return torch.randint(0, 32000, (batch, seq), generator=gen)
 
 
@@ -396,9 +408,13 @@ def _link_worker(torch: Any) -> dict[str, Any]:
     }
 
 
-def _run(torch: Any, mode: str, workload: str, steps: int, warmup: int, budget: int) -> Any:
-    """Set up the mode, run WARMUP + STEPS steps, return the worker's record fields."""
+def _run(
+    torch: Any, mode: str, workload: str, steps: int, warmup: int, budget: int, rank: int = 0
+) -> Any:
+    """Set up the mode, run WARMUP + STEPS steps, return the worker's record fields
+    (ddp: of one rank, on GPU ``rank``)."""
     um = um_module(torch, mode if mode in UM_MODES else "stock")
+    torch.cuda.set_device(rank)
     free, total, cap = safe_cap(torch)  # before any CUDA allocation
     info: dict[str, Any] = {"free_at_start": free, "total": total, "cap": None}
     if um is not None:
@@ -409,10 +425,15 @@ def _run(torch: Any, mode: str, workload: str, steps: int, warmup: int, budget: 
         info["um_config"] = um.get_config()
     if mode in ("stock-fraction", "fsdp2-offload-ckpt"):
         info["memory_fraction"] = budget / total
-        torch.cuda.set_per_process_memory_fraction(budget / total, 0)
-    torch.cuda.set_device(0)
+        torch.cuda.set_per_process_memory_fraction(budget / total, rank)
+    dist: Any = None
+    if workload == "ddp":
+        dist = importlib.import_module("torch.distributed")
+        dist.init_process_group(
+            backend="nccl", rank=rank, world_size=WORLD, device_id=torch.device("cuda", rank)
+        )
     model = _build_model(torch, workload)
-    ids_cpu = _tokens(torch, workload)
+    ids_cpu = _tokens(torch, workload, rank)
     if mode == "fsdp2-offload-ckpt":
         os.environ.update(
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1"
@@ -433,10 +454,13 @@ def _run(torch: Any, mode: str, workload: str, steps: int, warmup: int, budget: 
         info["device_map"] = {k: str(v) for k, v in device_map.items()}
     else:
         model = model.to("cuda")
+    if dist is not None:
+        ddp = importlib.import_module("torch.nn.parallel")
+        model = ddp.DistributedDataParallel(model, device_ids=[rank], gradient_as_bucket_view=True)
     ids = ids_cpu.to("cuda")
     values: list[float] = []
     times: list[float] = []
-    if workload == "train":
+    if workload in TRAINING:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         for _ in range(warmup + steps):
             torch.cuda.synchronize()
@@ -465,28 +489,97 @@ def _run(torch: Any, mode: str, workload: str, steps: int, warmup: int, budget: 
         max_allocated_bytes=int(torch.cuda.max_memory_allocated()),
         max_reserved_bytes=int(torch.cuda.max_memory_reserved()),
     )
-    info["losses" if workload == "train" else "checksums"] = values
+    info["losses" if workload in TRAINING else "checksums"] = values
     if um is not None:
         stats = um.stats()
         if stats.get("um.managed_bytes", 0) <= 0:
             raise BenchError(f"mode {mode}: no managed bytes after the run")
         info["um_stats"] = stats
-    if mode == "fsdp2-offload-ckpt":
+    if mode == "fsdp2-offload-ckpt" or dist is not None:
         importlib.import_module("torch.distributed").destroy_process_group()
     return info
 
 
-def worker(mode: str, workload: str, steps: int, warmup: int, budget: int) -> None:
-    """One measurement; always emits one record (an OOM or an error included)."""
+def _ddp_launch(mode: str, steps: int, warmup: int, budget: int, timeout: int) -> dict[str, Any]:
+    """ddp: one process per rank (this worker's PYTHONPATH), run together; one record whose
+    step time is the slower rank's per step, with every rank's own fields under ``ranks``."""
+    torch = importlib.import_module("torch")
+    if torch.cuda.device_count() < WORLD:  # counts devices without creating a context
+        raise BenchError(
+            f"ddp needs {WORLD} GPUs, this host has {torch.cuda.device_count()} "
+            "(device kind nvidia-h200-x2)"
+        )
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    args = ["--steps", str(steps), "--warmup", str(warmup), "--budget", str(budget)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                MODULE,
+                "ddp",
+                "--worker",
+                "--mode",
+                mode,
+                *args,
+                "--rank",
+                str(r),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(WORLD)
+    ]
+    ranks = []
+    for r, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise BenchError(f"ddp rank {r} ran past {timeout} s") from None
+        lines = [ln for ln in out.splitlines() if ln.startswith(MARK)]
+        if not lines:
+            raise BenchError(
+                f"ddp rank {r} gave no result (exit {proc.returncode}):\n{out[-3000:]}"
+            )
+        ranks.append(json.loads(lines[-1][len(MARK) :]))
+    for key in ("oom", "error"):
+        bad = [(r, rec) for r, rec in enumerate(ranks) if key in rec]
+        if bad:
+            r, rec = bad[0]
+            return {**rec, "rank": r, "ranks": ranks}
+    times = [max(step) for step in zip(*(rec["times_s"] for rec in ranks), strict=True)]
+    first = ranks[0]
+    return {
+        **first,
+        "times_s": times,
+        "first_step_s": times[0],
+        "median_s": statistics.median(times[warmup:] or times),
+        "peak_host_rss_bytes": sum(rec["peak_host_rss_bytes"] for rec in ranks),
+        "ranks": [{k: v for k, v in rec.items() if k != "machine"} for rec in ranks],
+    }
+
+
+def worker(
+    mode: str, workload: str, steps: int, warmup: int, budget: int, rank: int | None = None
+) -> None:
+    """One measurement; always emits one record (an OOM or an error included). ddp without
+    a rank: launch the ranks and emit their merged record."""
     base = {"mode": mode, "workload": workload, "budget": budget}
     torch: Any = None
     try:
+        if workload == "ddp" and rank is None and mode != LINK:
+            emit({**base, **_ddp_launch(mode, steps, warmup, budget, timeout=570)})
+            return
         torch = importlib.import_module("torch")
         base["machine"] = machine(torch)
         if mode == LINK:
             fields = _link_worker(torch)
         else:
-            fields = _run(torch, mode, workload, steps, warmup, budget)
+            fields = _run(torch, mode, workload, steps, warmup, budget, rank or 0)
         fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         emit({**base, **fields})
     except Exception as e:  # the orchestrator reports every failure
@@ -565,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("workload", choices=tuple(MODES))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--modes", default=None, help="comma-separated subset (default: all)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per worker")
@@ -580,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload]) // 4096 * 4096
     if a.worker:
-        worker(a.mode, a.workload, a.steps, a.warmup, budget)
+        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank)
         return 0
     modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0:

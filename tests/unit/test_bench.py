@@ -250,3 +250,17 @@ def test_residency_worker_reports_a_missing_torch_as_an_error(
     assert line.startswith(common.MARK)
     rec = json.loads(line[len(common.MARK) :])
     assert rec["mode"] == "um" and "ModuleNotFoundError" in rec["error"]
+
+
+def test_residency_ddp_uses_the_training_floor_and_losses() -> None:
+    losses = {"losses": [10.0, 9.0]}
+    samples = [
+        _link(50e9, 40e9),
+        _res("stock", 0.2, max_allocated_bytes=20 * GIB, **losses),
+        _res("um", 1.0, losses=[10.0, 9.25]),
+    ]
+    summary, analysis = residency.summarize("ddp", samples, 12 * GIB)
+    assert list(summary["modes"]) == list(residency.MODES["ddp"])
+    assert summary["floor_s"] == pytest.approx(8 * GIB / 40e9)  # the slower direction
+    assert analysis["modes"]["um"]["agreement"] == 0.25
+    assert residency.selected_modes("ddp", None) == ["stock", "um-static", "um", "stock-fraction"]
