@@ -29,7 +29,8 @@ class ShipError(Exception):
     """A message for the user; nothing half-written is left behind."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The file's sha256, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -87,19 +88,19 @@ def join(listing: Path, out: Path, pin: str | None = None) -> Path:
             f"{len(missing)} of {len(record['parts'])} parts of {record['name']} are not in "
             f"{folder}: {', '.join(missing)} (the host went cold between calls? carry them again)"
         )
-    bad = [p["file"] for p in record["parts"] if _sha256(folder / p["file"]) != p["sha256"]]
+    bad = [p["file"] for p in record["parts"] if sha256_file(folder / p["file"]) != p["sha256"]]
     if bad:
         raise ShipError(f"parts that differ from the list: {', '.join(bad)}")
     out.mkdir(parents=True, exist_ok=True)
     target: Path = out / name
-    if target.is_file() and _sha256(target) == record["sha256"]:
+    if target.is_file() and sha256_file(target) == record["sha256"]:
         return target
     partial = out / (name + ".partial")
     try:
         with partial.open("wb") as f:
             for p in record["parts"]:
                 f.write((folder / p["file"]).read_bytes())
-        have = _sha256(partial)
+        have = sha256_file(partial)
         if have != record["sha256"]:
             raise ShipError(f"joined {record['name']} has sha256 {have}, not {record['sha256']}")
         os.replace(partial, target)

@@ -28,7 +28,6 @@ only; does not import torch.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
@@ -37,13 +36,10 @@ import sys
 import zipfile
 from pathlib import Path
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+if __package__:
+    from .ship import sha256_file
+else:  # run as a script: python3 tests/gpu/stage_torch.py
+    from ship import sha256_file  # type: ignore[no-redef,import-not-found]
 
 
 def installed_torch() -> Path:
@@ -87,7 +83,7 @@ def unpack_wheel(wheel: Path, sha256: str | None, into: Path) -> Path:
         raise _fail(f"no wheel at {wheel}")
     target = into / wheel.name.removesuffix(".whl")
     done = target / ".complete"
-    have = done.read_text() if done.is_file() else _sha256(wheel)
+    have = done.read_text() if done.is_file() else sha256_file(wheel)
     if sha256 is not None and have != sha256:
         raise _fail(f"{wheel} has sha256 {have}, the pin is {sha256}: not the pinned wheel")
     if done.is_file():
@@ -142,7 +138,7 @@ def stage(
             "the bundle was made for"
         )
     for rel, sha in manifest.get("replaced", {}).items():
-        have = _sha256(site / rel)
+        have = sha256_file(site / rel)
         if have != sha:
             raise _fail(
                 f"{site / rel} has sha256 {have}, the pinned wheel's is {sha}: "
@@ -160,9 +156,9 @@ def stage(
     label = f"torch {want}+um" if bundle else "stock torch"
     print(f"stage_torch: {torch_dir} staged as {label} at {dest / 'torch'}")
     for rel in manifest.get("files", []):
-        print(f"  {rel}  {_sha256(bundle / 'files' / rel)}")  # type: ignore[operator]
+        print(f"  {rel}  {sha256_file(bundle / 'files' / rel)}")  # type: ignore[operator]
     for rel, path in (libs or {}).items():
-        print(f"  nvidia/{rel} <- {path}  {_sha256(path)}")
+        print(f"  nvidia/{rel} <- {path}  {sha256_file(path)}")
     return dest
 
 
