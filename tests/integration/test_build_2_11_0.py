@@ -1,4 +1,4 @@
-"""The real torch 2.11.0+um build (injection path, the default TORCH_VERSION), end to end,
+"""The real torch 2.11.0+um build (injection path, the first version verified on a GPU), end to end,
 and the wheel installed into a fresh venv.
 
 Cold, this downloads the official wheel (~900 MB), the CUDA 13 header packages and, for
@@ -142,8 +142,8 @@ def test_engine_library_passes_the_injection_gate(built: pipeline.BuildResult) -
     inject_path.check_gate(elf, "libtorch_um.so", official.rpath, "libcudart.so.13", functions)
 
 
-def test_make_build_defaults_to_this_version(built: pipeline.BuildResult) -> None:
-    check_make_build(built)  # no TORCH_VERSION: the Makefile's default
+def test_make_build_with_this_version(built: pipeline.BuildResult) -> None:
+    check_make_build(built, f"TORCH_VERSION={VERSION}")
 
 
 PROBE = """

@@ -11,6 +11,7 @@ from build_scripts import abi, c_api, cli, inject_path, integration, matrix, pip
 
 from .conftest import (
     Build,
+    check_make_build,
     check_platform_tag,
     check_warm_rerun,
     check_wheel_identity,
@@ -52,6 +53,11 @@ def case(
 
 def test_every_supported_version_is_covered() -> None:
     assert sorted(v.version for v in VERSIONS) == sorted(matrix.supported_versions())
+
+
+def test_make_build_builds_the_default_version(build_wheel: Build) -> None:
+    """No TORCH_VERSION: ``make build`` builds the newest version verified on a GPU host."""
+    check_make_build(build_wheel(matrix.default_version()))
 
 
 def test_wheel_name_version_and_tags(case: tuple[Version, pipeline.BuildResult]) -> None:
