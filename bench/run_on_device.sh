@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmarks on the GPU host, in the repository root, against its stock torch 2.11
 # and the same torch staged as the torch-2.11.0+um wheel has it (tests/gpu/stage_torch.py
-# with the bundle of `python -m build_scripts bundle`, carry .device/inject).
+# with the bundle of `python -m build_scripts bundle --torch-version 2.11.0`, carry .device/inject).
 #
 #   bash bench/run_on_device.sh                          # both, default settings
 #   bash bench/run_on_device.sh step_time --rounds 2     # one, with its options

@@ -6,7 +6,7 @@
 # The host has no network and a stock torch 2.11.0+cu130 for `python3`. This
 # script stages that torch exactly as the torch-2.11.0+um wheel has it (its
 # libtorch_um.so, patched Python files and torch/cuda/um.py, from the bundle
-# that `python -m build_scripts bundle` writes to .device/inject),
+# that `python -m build_scripts bundle --torch-version 2.11.0` writes to .device/inject),
 # without modifying the installed torch, and runs tests/gpu with pytest.
 # Logs, the junit report and the environment go to $OUT (default .device/out).
 # Budget: under 9 minutes.
