@@ -460,6 +460,33 @@ bool inferenceReadOnly() {
   return s.invariants("evict");
 }
 
+// Note [Cancelled moves]: a bring-in calls off queued moves only for a range
+// the queued jobs cover whole and the job being issued does not touch; the
+// cut leaves the rest of each job's ranges.
+bool cancelledMoveRanges() {
+  const uintptr_t base = 1ull << 32;
+  auto at = [&](uint64_t chunk) { return base + chunk * kChunkBytes; };
+  std::vector<void*> ap{reinterpret_cast<void*>(at(0))}, bp{reinterpret_cast<void*>(at(4))},
+      tp{reinterpret_cast<void*>(at(10))};
+  std::vector<size_t> as{4 * kChunkBytes}, bs{2 * kChunkBytes}, ts{2 * kChunkBytes};
+  const std::vector<JobRanges> queued{{&ap, &as}, {&bp, &bs}}, taken{{&tp, &ts}};
+  CHECK(coveredWhole(queued, taken, at(2), at(5)), "a range covered by two jobs");
+  CHECK(!coveredWhole(queued, taken, at(5), at(7)), "a range with a gap counted as covered");
+  CHECK(!coveredWhole(queued, taken, at(3), at(3)), "an empty range counted as covered");
+  std::vector<void*> cp{reinterpret_cast<void*>(at(10))};
+  std::vector<size_t> cs{2 * kChunkBytes};
+  const std::vector<JobRanges> also{{&cp, &cs}};
+  CHECK(!coveredWhole(also, taken, at(10), at(11)), "a range of the job being issued");
+  cutOut(queued[0], at(1), at(2));
+  CHECK(ap.size() == 2 && ap[0] == reinterpret_cast<void*>(at(0)) && as[0] == kChunkBytes &&
+            ap[1] == reinterpret_cast<void*>(at(2)) && as[1] == 2 * kChunkBytes,
+        "the cut did not split the range around it");
+  CHECK(!coveredWhole(queued, taken, at(0), at(3)), "a cut range still counted as covered");
+  cutOut(queued[1], at(4), at(6));
+  CHECK(bp.empty() && bs.empty(), "a range cut whole is still there");
+  return true;
+}
+
 bool blockLargerThanBudget() {
   Sim s;
   s.lim.budget = 4 * kChunkBytes;
@@ -495,6 +522,7 @@ int main() {
       {"oversized segment split by placement", oversizedSegmentIsSplit},
       {"a block larger than the budget", blockLargerThanBudget},
       {"inference: read-only duplicates", inferenceReadOnly},
+      {"cancelled moves: coverage and cuts", cancelledMoveRanges},
   };
   int run = 0;
   for (const Case& c : cases) {

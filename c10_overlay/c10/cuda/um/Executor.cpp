@@ -233,80 +233,32 @@ uint64_t Executor::cancelQueued(
     int device,
     std::vector<void*>& ptrs,
     std::vector<size_t>& sizes) {
-  using Piece = std::pair<uintptr_t, uintptr_t>;
   std::lock_guard<std::mutex> lock(queue_mu_);
   const size_t first = taken_ ? 1 : 0;
   if (queue_.size() <= first) {
     return 0;
   }
+  std::vector<JobRanges> queued;
+  std::vector<JobRanges> taken;
+  for (size_t j = 0; j < queue_.size(); ++j) {
+    EvictJob& job = queue_[j];
+    if (job.device == device) {
+      (j < first ? taken : queued).push_back(JobRanges{&job.ptrs, &job.sizes});
+    }
+  }
   uint64_t removed = 0;
   size_t keep = 0;
-  std::vector<Piece> pieces;
   for (size_t k = 0; k < ptrs.size(); ++k) {
     const auto lo = reinterpret_cast<uintptr_t>(ptrs[k]);
     const uintptr_t hi = lo + sizes[k];
-    // Covered whole by queued jobs, and untouched by the one being issued?
-    bool whole = true;
-    pieces.clear();
-    for (size_t j = 0; j < queue_.size() && whole; ++j) {
-      const EvictJob& job = queue_[j];
-      if (job.device != device) {
-        continue;
-      }
-      for (size_t r = 0; r < job.ptrs.size(); ++r) {
-        const auto a = reinterpret_cast<uintptr_t>(job.ptrs[r]);
-        const uintptr_t b = a + job.sizes[r];
-        if (b <= lo || a >= hi) {
-          continue;
-        }
-        if (j < first) {
-          whole = false;
-          break;
-        }
-        pieces.emplace_back(std::max(a, lo), std::min(b, hi));
-      }
-    }
-    std::sort(pieces.begin(), pieces.end());
-    uintptr_t reached = lo;
-    for (const Piece& p : pieces) {
-      if (p.first > reached) {
-        break;
-      }
-      reached = std::max(reached, p.second);
-    }
-    if (!whole || reached < hi) {
+    if (!coveredWhole(queued, taken, lo, hi)) {
       ptrs[keep] = ptrs[k];
       sizes[keep] = sizes[k];
       ++keep;
       continue;
     }
-    // Cut [lo, hi) out of every queued job of the device.
-    for (size_t j = first; j < queue_.size(); ++j) {
-      EvictJob& job = queue_[j];
-      if (job.device != device) {
-        continue;
-      }
-      std::vector<void*> p2;
-      std::vector<size_t> s2;
-      for (size_t r = 0; r < job.ptrs.size(); ++r) {
-        const auto a = reinterpret_cast<uintptr_t>(job.ptrs[r]);
-        const uintptr_t b = a + job.sizes[r];
-        if (b <= lo || a >= hi) {
-          p2.push_back(job.ptrs[r]);
-          s2.push_back(job.sizes[r]);
-          continue;
-        }
-        if (a < lo) {
-          p2.push_back(job.ptrs[r]);
-          s2.push_back(lo - a);
-        }
-        if (hi < b) {
-          p2.push_back(reinterpret_cast<void*>(hi));
-          s2.push_back(b - hi);
-        }
-      }
-      job.ptrs.swap(p2);
-      job.sizes.swap(s2);
+    for (const JobRanges& job : queued) {
+      cutOut(job, lo, hi);
     }
     removed += sizes[k];
   }

@@ -128,7 +128,8 @@ class Executor {
   // ledger made room for the bring-in when it decided it, and the pages the
   // cancelled job would have freed are the ones the bring-in fills.
   // Only whole ranges are called off; a range partly in a taken job takes
-  // the ordinary path (wait for its batch, then move).
+  // the ordinary path (wait for its batch, then move). The interval logic is
+  // pure (coveredWhole, cutOut in Residency.h) and checked by the CPU test.
   struct EvictJob {
     int device;
     uint64_t seq;

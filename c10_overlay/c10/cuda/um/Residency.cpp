@@ -30,6 +30,66 @@ const char* actionName(Action::Kind k) {
   return "?";
 }
 
+bool coveredWhole(
+    const std::vector<JobRanges>& queued,
+    const std::vector<JobRanges>& taken,
+    uintptr_t lo,
+    uintptr_t hi) {
+  auto each = [&](const JobRanges& j, auto&& fn) {
+    for (size_t r = 0; r < j.ptrs->size(); ++r) {
+      const auto a = reinterpret_cast<uintptr_t>((*j.ptrs)[r]);
+      const uintptr_t b = a + (*j.sizes)[r];
+      if (a < hi && lo < b) {
+        fn(std::max(a, lo), std::min(b, hi));
+      }
+    }
+  };
+  bool clear = true;
+  for (const JobRanges& j : taken) {
+    each(j, [&](uintptr_t, uintptr_t) { clear = false; });
+  }
+  if (!clear || lo >= hi) {
+    return false;
+  }
+  std::vector<std::pair<uintptr_t, uintptr_t>> pieces;
+  for (const JobRanges& j : queued) {
+    each(j, [&](uintptr_t a, uintptr_t b) { pieces.emplace_back(a, b); });
+  }
+  std::sort(pieces.begin(), pieces.end());
+  uintptr_t reached = lo;
+  for (const auto& [a, b] : pieces) {
+    if (a > reached) {
+      break;
+    }
+    reached = std::max(reached, b);
+  }
+  return reached >= hi;
+}
+
+void cutOut(JobRanges job, uintptr_t lo, uintptr_t hi) {
+  std::vector<void*> ptrs;
+  std::vector<size_t> sizes;
+  for (size_t r = 0; r < job.ptrs->size(); ++r) {
+    const auto a = reinterpret_cast<uintptr_t>((*job.ptrs)[r]);
+    const uintptr_t b = a + (*job.sizes)[r];
+    if (b <= lo || a >= hi) {
+      ptrs.push_back((*job.ptrs)[r]);
+      sizes.push_back((*job.sizes)[r]);
+      continue;
+    }
+    if (a < lo) {
+      ptrs.push_back((*job.ptrs)[r]);
+      sizes.push_back(lo - a);
+    }
+    if (hi < b) {
+      ptrs.push_back(reinterpret_cast<void*>(hi));
+      sizes.push_back(b - hi);
+    }
+  }
+  job.ptrs->swap(ptrs);
+  job.sizes->swap(sizes);
+}
+
 ActionGroup nextGroup(const std::vector<Action>& actions, size_t first) {
   const Action& a = actions[first];
   ActionGroup g{first, 0};

@@ -132,6 +132,22 @@ struct ActionGroup {
 };
 ActionGroup nextGroup(const std::vector<Action>& actions, size_t first);
 
+// Note [Cancelled moves] (Executor.h), the interval part, pure so that the
+// CPU test checks it. A job's ranges are parallel lists of starts and sizes.
+struct JobRanges {
+  std::vector<void*>* ptrs;
+  std::vector<size_t>* sizes;
+};
+// True when the union of `queued` covers [lo, hi) whole and no range of
+// `taken` (a job being issued) overlaps it.
+bool coveredWhole(
+    const std::vector<JobRanges>& queued,
+    const std::vector<JobRanges>& taken,
+    uintptr_t lo,
+    uintptr_t hi);
+// Removes [lo, hi) from a job's ranges, splitting a range around it.
+void cutOut(JobRanges job, uintptr_t lo, uintptr_t hi);
+
 // The residency policy: `static` keeps the first version's decision (a whole
 // segment on the device if it fits under the budget when allocated, else in
 // host RAM for good); `lru` manages residency over time as described above.
