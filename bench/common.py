@@ -152,12 +152,17 @@ def write(name: str, record: dict[str, Any], out: Path | None = None) -> Path:
     return path
 
 
-PATH_OPTIONS = {"--stock-pythonpath": "STOCK", "--um-pythonpath": "UM", "--out": "OUT"}
+PATH_OPTIONS = {
+    "--stock-pythonpath": "STOCK",
+    "--um-pythonpath": "UM",
+    "--prev-pythonpath": "PREV",
+    "--out": "OUT",
+}
 
 
 def command_line(module: str) -> str:
     """How this orchestrator was started, for the record: the values of path options
-    are replaced by their names (STOCK, UM, OUT), which bench/README.md explains."""
+    are replaced by their names (STOCK, UM, PREV, OUT), which bench/README.md explains."""
     args = list(sys.argv[1:])
     for i, arg in enumerate(args[:-1]):
         if arg in PATH_OPTIONS:

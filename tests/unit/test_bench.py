@@ -53,6 +53,8 @@ def test_command_line_hides_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "argv", argv)
     cmd = common.command_line("bench.step_time")
     assert cmd == "python -m bench.step_time --stock-pythonpath STOCK --um-pythonpath UM --rounds 2"
+    monkeypatch.setattr(sys, "argv", ["x", "--prev-pythonpath", "/tmp/s/prev", "train"])
+    assert common.command_line("bench.residency").endswith("--prev-pythonpath PREV train")
 
 
 def test_write_names_the_file_after_benchmark_gpu_and_date(tmp_path: Path) -> None:
