@@ -65,21 +65,31 @@ def emit(result: dict[str, Any]) -> None:
     print(MARK + json.dumps(result), flush=True)
 
 
+def worker_command(module: str, args: list[str]) -> list[str]:
+    """``python -m module --worker args`` with this interpreter."""
+    return [sys.executable, "-m", module, "--worker", *args]
+
+
+def worker_result(cmd: list[str], returncode: int, stdout: str, stderr: str = "") -> Any:
+    """What the worker emitted (its last result line), or a BenchError with its output."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    raise BenchError(
+        f"worker {shlex.join(cmd[1:])} gave no result (exit {returncode}):\n"
+        + (stdout + stderr)[-3000:]
+    )
+
+
 def run_worker(module: str, args: list[str], pythonpath: str | None, timeout: int) -> Any:
     """Run ``python -m module --worker args`` and return what it emitted."""
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_UM_CONF", None)  # each worker configures the engine itself
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)
-    cmd = [sys.executable, "-m", module, "--worker", *args]
+    cmd = worker_command(module, args)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
-    raise BenchError(
-        f"worker {shlex.join(cmd[1:])} gave no result (exit {proc.returncode}):\n"
-        + (proc.stdout + proc.stderr)[-3000:]
-    )
+    return worker_result(cmd, proc.returncode, proc.stdout, proc.stderr)
 
 
 def run_rounds(

@@ -80,14 +80,12 @@ import resource
 import socket
 import statistics
 import subprocess
-import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    MARK,
     BenchError,
     GiB,
     command_line,
@@ -97,6 +95,8 @@ from bench.common import (
     run_worker,
     safe_cap,
     um_module,
+    worker_command,
+    worker_result,
     write,
 )
 
@@ -500,9 +500,27 @@ def _run(
     return info
 
 
+def merge_ranks(ranks: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """ddp: the ranks' records as one. The first rank that ran out of memory or failed
+    decides it; otherwise each step takes the slower rank's time, and every rank's own
+    fields (less ``machine``) stay under ``ranks``."""
+    for key in ("oom", "error"):
+        for r, rec in enumerate(ranks):
+            if key in rec:
+                return {**rec, "rank": r, "ranks": ranks}
+    times = [max(step) for step in zip(*(rec["times_s"] for rec in ranks), strict=True)]
+    return {
+        **ranks[0],
+        "times_s": times,
+        "first_step_s": times[0],
+        "median_s": statistics.median(times[warmup:] or times),
+        "peak_host_rss_bytes": sum(rec["peak_host_rss_bytes"] for rec in ranks),
+        "ranks": [{k: v for k, v in rec.items() if k != "machine"} for rec in ranks],
+    }
+
+
 def _ddp_launch(mode: str, steps: int, warmup: int, budget: int, timeout: int) -> dict[str, Any]:
-    """ddp: one process per rank (this worker's PYTHONPATH), run together; one record whose
-    step time is the slower rank's per step, with every rank's own fields under ``ranks``."""
+    """ddp: one process per rank (this worker's PYTHONPATH), run together, merged."""
     torch = importlib.import_module("torch")
     if torch.cuda.device_count() < WORLD:  # counts devices without creating a context
         raise BenchError(
@@ -510,57 +528,22 @@ def _ddp_launch(mode: str, steps: int, warmup: int, budget: int, timeout: int) -
             "(device kind nvidia-h200-x2)"
         )
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    args = ["--steps", str(steps), "--warmup", str(warmup), "--budget", str(budget)]
+    args = ["--mode", mode, "--steps", str(steps), "--warmup", str(warmup), "--budget", str(budget)]
+    cmds = [worker_command(MODULE, ["ddp", *args, "--rank", str(r)]) for r in range(WORLD)]
     procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                MODULE,
-                "ddp",
-                "--worker",
-                "--mode",
-                mode,
-                *args,
-                "--rank",
-                str(r),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(WORLD)
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for cmd in cmds
     ]
     ranks = []
-    for r, proc in enumerate(procs):
+    for r, (cmd, proc) in enumerate(zip(cmds, procs, strict=True)):
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
             raise BenchError(f"ddp rank {r} ran past {timeout} s") from None
-        lines = [ln for ln in out.splitlines() if ln.startswith(MARK)]
-        if not lines:
-            raise BenchError(
-                f"ddp rank {r} gave no result (exit {proc.returncode}):\n{out[-3000:]}"
-            )
-        ranks.append(json.loads(lines[-1][len(MARK) :]))
-    for key in ("oom", "error"):
-        bad = [(r, rec) for r, rec in enumerate(ranks) if key in rec]
-        if bad:
-            r, rec = bad[0]
-            return {**rec, "rank": r, "ranks": ranks}
-    times = [max(step) for step in zip(*(rec["times_s"] for rec in ranks), strict=True)]
-    first = ranks[0]
-    return {
-        **first,
-        "times_s": times,
-        "first_step_s": times[0],
-        "median_s": statistics.median(times[warmup:] or times),
-        "peak_host_rss_bytes": sum(rec["peak_host_rss_bytes"] for rec in ranks),
-        "ranks": [{k: v for k, v in rec.items() if k != "machine"} for rec in ranks],
-    }
+        ranks.append(worker_result(cmd, proc.returncode, out))
+    return merge_ranks(ranks, warmup)
 
 
 def worker(

@@ -18,7 +18,7 @@ device, with no prefetch, budget or cap), around building the model and training
 there. It has no cap, so it runs only these workloads, which fit well within free memory
 (the worker checks that peak allocation stays under half of it). Each worker also records
 its first step's time, ``torch.cuda.memory_stats()`` and, with ``--compile``, whether
-``torch.compile`` of the model trains in that mode.
+``torch.compile`` of the model compiles and runs one forward and backward in that mode.
 """
 
 from __future__ import annotations
@@ -71,11 +71,10 @@ def worker(mode: str, model: str, steps: int, warmup: int, compile_: bool = Fals
         torch.autograd.set_multithreading_enabled(False)
         scope = use_uvm()
     torch.manual_seed(0)
-    first: list[float] = []
     compiled: dict[str, Any] = {}
     with scope:
         workload = WORKLOADS[model]()
-        losses, times = train_steps(workload, warmup + steps, warmup, first)
+        losses, all_times = train_steps(workload, warmup + steps)
         if compile_:
             try:
                 net, batch, target = workload
@@ -99,9 +98,9 @@ def worker(mode: str, model: str, steps: int, warmup: int, compile_: bool = Fals
         {
             "mode": mode,
             "model": model,
-            "median_ms": statistics.median(times),
-            "times_ms": times,
-            "first_step_ms": first[0] if first else None,
+            "median_ms": statistics.median(all_times[warmup:]),
+            "times_ms": all_times[warmup:],
+            "first_step_ms": all_times[0],
             "losses": losses,
             "managed_bytes": managed,
             "max_allocated_bytes": peak,

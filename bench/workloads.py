@@ -51,17 +51,14 @@ def gpt() -> Workload:
 WORKLOADS: dict[str, Callable[[], Workload]] = {"resnet50": resnet50, "gpt": gpt}
 
 
-def train_steps(
-    workload: Workload, steps: int, timed_from: int, first: list[float] | None = None
-) -> tuple[list[float], list[float]]:
-    """Run ``steps`` SGD steps; return every step's loss and the CUDA-event time in ms of
-    the steps from ``timed_from`` on (and append the first step's to ``first``)."""
+def train_steps(workload: Workload, steps: int) -> tuple[list[float], list[float]]:
+    """Run ``steps`` SGD steps; return every step's loss and CUDA-event time in ms."""
     model, batch, target = workload
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     losses: list[Any] = []
     events = []
-    for step in range(steps):
+    for _ in range(steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         opt.zero_grad(set_to_none=True)
@@ -71,10 +68,6 @@ def train_steps(
         opt.step()
         end.record()
         losses.append(loss.detach())
-        if step >= timed_from or step == 0:
-            events.append((start, end))
+        events.append((start, end))
     torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in events]
-    if first is not None and times:
-        first.append(times[0])
-    return [float(v) for v in losses], times[1:] if timed_from > 0 else times
+    return [float(v) for v in losses], [s.elapsed_time(e) for s, e in events]

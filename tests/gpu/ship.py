@@ -19,7 +19,9 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
+import zipfile
 from pathlib import Path
 
 DEFAULT_SIZE = 58_000_000  # under the 60 MB a part may have, with room for the list
@@ -36,6 +38,24 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def unzip(wheel: Path, dest: Path, member: str | None = None) -> None:
+    """A wheel unpacked into ``dest`` (or only its file ``member`` written to ``dest``),
+    shared libraries executable again (zipfile drops the mode bits)."""
+    with zipfile.ZipFile(wheel) as zf:
+        if member is None:
+            zf.extractall(dest)
+            done = [dest / n for n in zf.namelist() if ".so" in Path(n).name]
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            partial = dest.with_name(dest.name + ".partial")
+            with zf.open(member) as src, partial.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(partial, dest)
+            done = [dest]
+    for path in done:
+        path.chmod(0o755)
 
 
 def split(path: Path, dest: Path, size: int = DEFAULT_SIZE) -> Path:

@@ -33,13 +33,12 @@ import json
 import os
 import shutil
 import sys
-import zipfile
 from pathlib import Path
 
 if __package__:
-    from .ship import sha256_file
+    from .ship import sha256_file, unzip
 else:  # run as a script: python3 tests/gpu/stage_torch.py
-    from ship import sha256_file  # type: ignore[no-redef,import-not-found]
+    from ship import sha256_file, unzip  # type: ignore[no-redef,import-not-found]
 
 
 def installed_torch() -> Path:
@@ -91,10 +90,7 @@ def unpack_wheel(wheel: Path, sha256: str | None, into: Path) -> Path:
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     shutil.rmtree(target, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(partial)
-    for path in (partial / "torch" / "lib").glob("*.so*"):
-        path.chmod(0o755)  # zipfile drops the mode bits
+    unzip(wheel, partial)
     (partial / ".complete").write_text(have)
     partial.rename(target)
     return target
@@ -144,19 +140,20 @@ def stage(
                 f"{site / rel} has sha256 {have}, the pinned wheel's is {sha}: "
                 "this is not the same torch build"
             )
+    files = {rel: bundle / "files" / rel for rel in manifest["files"]} if bundle else {}
     overrides = {}
-    for rel in manifest.get("files", []):
+    for rel, path in files.items():
         if not rel.startswith("torch/"):
             raise _fail(f"unexpected bundle file {rel}")
-        overrides[rel[len("torch/") :]] = bundle / "files" / rel  # type: ignore[operator]
+        overrides[rel[len("torch/") :]] = path
     if dest.exists():
         shutil.rmtree(dest)
     _mirror(torch_dir, dest / "torch", overrides)
     _nvidia(installed.parent, dest, libs or {})
     label = f"torch {want}+um" if bundle else "stock torch"
     print(f"stage_torch: {torch_dir} staged as {label} at {dest / 'torch'}")
-    for rel in manifest.get("files", []):
-        print(f"  {rel}  {sha256_file(bundle / 'files' / rel)}")  # type: ignore[operator]
+    for rel, path in files.items():
+        print(f"  {rel}  {sha256_file(path)}")
     for rel, path in (libs or {}).items():
         print(f"  nvidia/{rel} <- {path}  {sha256_file(path)}")
     return dest

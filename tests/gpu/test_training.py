@@ -38,7 +38,8 @@ def _train(
     # follow the mode.
     earlier = {seg["address"] for seg in torch.cuda.memory_snapshot()}
     workload = make()
-    losses, times = train_steps(workload, steps, timed_from)
+    losses, times = train_steps(workload, steps)
+    times = times[timed_from:]
     params = list(workload[0].parameters())
     segments = [
         (seg["address"], seg["address"] + seg["total_size"])

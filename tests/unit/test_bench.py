@@ -266,3 +266,22 @@ def test_residency_ddp_uses_the_training_floor_and_losses() -> None:
     assert summary["floor_s"] == pytest.approx(8 * GIB / 40e9)  # the slower direction
     assert analysis["modes"]["um"]["agreement"] == 0.25
     assert residency.selected_modes("ddp", None) == ["stock", "um-static", "um", "stock-fraction"]
+
+
+def test_residency_ddp_merges_ranks_by_the_slower_one() -> None:
+    a = {"mode": "um", "times_s": [3.0, 1.0, 2.0, 1.0], "peak_host_rss_bytes": 1, "machine": {}}
+    b = {"mode": "um", "times_s": [2.0, 1.5, 1.0, 4.0], "peak_host_rss_bytes": 2, "machine": {}}
+    merged = residency.merge_ranks([a, b], warmup=1)
+    assert merged["times_s"] == [3.0, 1.5, 2.0, 4.0] and merged["first_step_s"] == 3.0
+    assert merged["median_s"] == 2.0 and merged["peak_host_rss_bytes"] == 3
+    assert [set(r) for r in merged["ranks"]] == [set(a) - {"machine"}] * 2
+    oom = {"mode": "um", "oom": True, "message": "CUDA out of memory"}
+    failed = residency.merge_ranks([a, oom], warmup=1)
+    assert failed["oom"] and failed["rank"] == 1
+
+
+def test_worker_result_reads_the_last_result_line() -> None:
+    out = f'noise\n{common.MARK}{{"x": 1}}\n{common.MARK}{{"x": 2}}\ntrailer\n'
+    assert common.worker_result(["py", "-m", "m"], 0, out) == {"x": 2}
+    with pytest.raises(common.BenchError, match="gave no result \\(exit 3\\)"):
+        common.worker_result(["py", "-m", "m"], 3, "Traceback ...", "boom")

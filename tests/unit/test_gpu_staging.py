@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu import ship, stage_torch
+from tests.gpu import host_extras, ship, stage_torch
 
 
 def _sha(data: bytes) -> str:
@@ -131,3 +131,38 @@ def test_lib_argument_is_checked() -> None:
     for bad in ("libnccl.so.2", "=/x", "../etc/passwd=/x", "/abs=/x"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected REL=PATH"):
             stage_torch._lib(bad)
+
+
+def test_host_extras_joins_and_unpacks_a_library_and_a_package(tmp_path: Path) -> None:
+    ship_dir, work = tmp_path / "ship", tmp_path / "work"
+    wheel = tmp_path / "torch-9.9.9-cp312-cp312-manylinux_2_28_x86_64.whl"
+    wheel_sha = _sha(_fake_wheel(wheel, b"# official\n"))
+    ship.split(wheel, ship_dir, size=100)
+    bundle = _bundle(tmp_path / "bundle", wheel_sha, b"# official\n")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    (bundle / "manifest.json").write_text(json.dumps({**manifest, "built_for_wheel": wheel.name}))
+    nccl, vision = tmp_path / "nccl.whl", tmp_path / "vision.whl"
+    with zipfile.ZipFile(nccl, "w") as zf:
+        zf.writestr("nvidia/nccl/lib/libnccl.so.2", b"new nccl")
+    with zipfile.ZipFile(vision, "w") as zf:
+        zf.writestr("vision/__init__.py", "")
+        zf.writestr("vision/_C.so", b"\x7fELF")
+    for w in (nccl, vision):
+        ship.split(w, ship_dir, size=64)
+    extras = tmp_path / "extras.json"
+    lib = {"member": "nvidia/nccl/lib/libnccl.so.2", "lib": "nccl/lib/libnccl.so.2"}
+    entries = [
+        {"filename": nccl.name, "sha256": _sha(nccl.read_bytes()), **lib},
+        {"filename": vision.name, "sha256": _sha(vision.read_bytes())},
+    ]
+    extras.write_text(json.dumps({"9.9.9": entries}))
+
+    ready = host_extras.prepare("9.9.9", bundle, ship_dir, work, extras)
+    assert ready.wheel.read_bytes() == wheel.read_bytes()
+    assert ready.libs == [f"nccl/lib/libnccl.so.2={work / 'lib/nccl/lib/libnccl.so.2'}"]
+    assert (work / "lib/nccl/lib/libnccl.so.2").read_bytes() == b"new nccl"
+    assert ready.pythonpath == work / "pkgs"
+    assert (work / "pkgs/vision/_C.so").stat().st_mode & 0o111  # executable again
+    extras.write_text(json.dumps({"9.9.9": [{**entries[0], "sha256": "0" * 64}]}))
+    with pytest.raises(ship.ShipError, match="these are parts of another file"):
+        host_extras.prepare("9.9.9", bundle, ship_dir, work, extras)
