@@ -209,3 +209,14 @@ def test_split_header_handles_format_patch_separator() -> None:
     header, body = series.split_header(text)
     assert header == "Subject: x\n---\n a | 1 +\n\n"
     assert body.startswith("diff --git")
+
+
+def test_repository_patch_dirs_hold_only_their_series() -> None:
+    """A patch file that no series lists is never applied: it is a leftover, not a change."""
+    root = Path(__file__).resolve().parents[2] / "patches"
+    dirs = sorted(p.parent for p in root.glob("*/series"))
+    assert dirs, f"no patches/<version>/series under {root}"
+    for d in dirs:
+        listed = set(series.read_series(d / "series"))
+        present = {p.name for p in d.glob("*.patch")}
+        assert present == listed, f"{d.name}: unlisted {sorted(present - listed)}"
