@@ -57,6 +57,7 @@ struct Sim {
     lim.budget = 64 * kChunkBytes;
     lim.can_act = true;
     lim.discard = true;
+    lim.read_copies = true;
   }
 
   bool overlapsLive(uintptr_t lo, uintptr_t hi, uintptr_t except) const {
@@ -487,6 +488,46 @@ bool cancelledMoveRanges() {
   return true;
 }
 
+// Note [Scans]: a read-only scan larger than the budget, repeated, keeps a
+// prefix on the device (the most recently read chunk leaves first), so each
+// pass brings in about the part that does not fit, where LRU brings in all of
+// it; and a live chunk untouched since before the scan leaves before any of
+// the scan's chunks.
+bool repeatedScanKeepsAPrefix() {
+  Sim s;
+  s.lim.read_copies = false; // the default: the scan is marked all the same
+  s.lim.budget = 24 * kChunkBytes;
+  const uint64_t layers = 16, param = 3 * kChunkBytes;
+  const uintptr_t w = s.next_base, old = s.next_base + (1ull << 32);
+  if (!s.addSegment(old, kChunkBytes)) return false;
+  if (!s.alloc(old, kChunkBytes)) return false;
+  if (!s.addSegment(w, layers * param)) return false;
+  for (uint64_t l = 0; l < layers; ++l) {
+    if (!s.alloc(w + l * param, param)) return false;
+  }
+  uint64_t last_pass = 0;
+  for (int fwd = 0; fwd < 6; ++fwd) {
+    const uint64_t before = s.r.counters().prefetch_bytes + s.r.counters().duplicate_bytes;
+    for (uint64_t l = 0; l < layers; ++l) {
+      if (!s.touch(w + l * param, /*read_only=*/true)) return false;
+      if (fwd == 0 && l == layers - 1) {
+        CHECK(s.r.whereIs(old) == Where::Host, "the cold live chunk outlived the scan's");
+      }
+    }
+    last_pass = s.r.counters().prefetch_bytes + s.r.counters().duplicate_bytes - before;
+  }
+  const uint64_t over = layers * param - s.lim.budget;
+  CHECK(last_pass <= over + 2 * param, "a pass brought in %llu chunks, %llu do not fit",
+        (unsigned long long)(last_pass / kChunkBytes), (unsigned long long)(over / kChunkBytes));
+  CHECK(s.r.whereIs(w) == Where::Device, "the scan's first chunk is not kept");
+  // Touched for writing, the chunks leave the scan: plain LRU again.
+  for (uint64_t l = 0; l < layers; ++l) {
+    if (!s.touch(w + l * param, /*read_only=*/false)) return false;
+  }
+  CHECK(s.r.whereIs(w) == Where::Host, "LRU did not evict the least recently written chunk");
+  return s.invariants("scan");
+}
+
 bool blockLargerThanBudget() {
   Sim s;
   s.lim.budget = 4 * kChunkBytes;
@@ -523,6 +564,7 @@ int main() {
       {"a block larger than the budget", blockLargerThanBudget},
       {"inference: read-only duplicates", inferenceReadOnly},
       {"cancelled moves: coverage and cuts", cancelledMoveRanges},
+      {"a repeated read-only scan keeps a prefix", repeatedScanKeepsAPrefix},
   };
   int run = 0;
   for (const Case& c : cases) {

@@ -91,6 +91,7 @@ DeviceLimits Engine::limits(int device, bool capturing) const {
       ? cfg_.device_budget.resolve(devices_[device].total_bytes)
       : 0;
   lim.discard = cfg_.discard && compat::kHasDiscard;
+  lim.read_copies = cfg_.read_copies;
   return lim;
 }
 
@@ -128,8 +129,7 @@ bool Engine::move(
       *moved = residency_.evict(addr, size, stream, lim, actions);
     } else if (any_policy || cfg_.lru) {
       *moved = residency_.touch(
-          addr, size, location, stream, policy(), lim, actions,
-          read_only && cfg_.read_copies);
+          addr, size, location, stream, policy(), lim, actions, read_only);
     }
     if (actions.empty()) {
       return true;

@@ -1,6 +1,7 @@
 #include <c10/cuda/um/Residency.h>
 
 #include <algorithm>
+#include <iterator>
 
 namespace c10::cuda::um {
 
@@ -137,13 +138,20 @@ Residency::DeviceLru& Residency::lru(int device) {
   return devices_[device];
 }
 
+std::set<Residency::Key>& Residency::setOf(Segment& seg, size_t i) {
+  DeviceLru& d = lru(seg.device);
+  if (seg.dead(i)) {
+    return d.dead;
+  }
+  return seg.chunks[i].scan ? d.scan : d.live;
+}
+
 void Residency::unlink(Segment& seg, size_t i) {
   Chunk& c = seg.chunks[i];
   DeviceLru& d = lru(seg.device);
   d.bytes[static_cast<int>(c.where)] -= seg.chunkSize(i);
   if (c.where != Where::Host) {
-    Key k{c.tick, seg.chunkAddr(i)};
-    (seg.dead(i) ? d.dead : d.live).erase(k);
+    setOf(seg, i).erase(Key{c.tick, seg.chunkAddr(i)});
   }
 }
 
@@ -152,8 +160,7 @@ void Residency::link(Segment& seg, size_t i) {
   DeviceLru& d = lru(seg.device);
   d.bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
   if (c.where != Where::Host) {
-    Key k{c.tick, seg.chunkAddr(i)};
-    (seg.dead(i) ? d.dead : d.live).insert(k);
+    setOf(seg, i).insert(Key{c.tick, seg.chunkAddr(i)});
   }
 }
 
@@ -179,9 +186,10 @@ void Residency::setLive(Segment& seg, size_t i, uint32_t live, bool retick) {
   link(seg, i);
 }
 
-void Residency::retouch(Segment& seg, size_t i) {
+void Residency::retouch(Segment& seg, size_t i, bool scan) {
   unlink(seg, i);
   seg.chunks[i].tick = tick_;
+  seg.chunks[i].scan = scan;
   link(seg, i);
 }
 
@@ -325,14 +333,28 @@ uint64_t Residency::makeRoom(
   DeviceLru& d = lru(device);
   uint64_t freed = 0;
   while (freed < need) {
-    // Dead chunks first: they leave without a copy. Then the least recently
-    // touched live ones, never those of the range being brought in.
-    bool dead = !d.dead.empty();
-    std::set<Key>& from = dead ? d.dead : d.live;
-    if (from.empty() || from.begin()->first >= protect_tick) {
+    // Note [Scans]: dead chunks first (they leave without a copy), then live
+    // ones colder than the whole scan, then the scan's most recently read,
+    // then the least recently touched live ones; never a chunk of the range
+    // being brought in.
+    auto usable = [&](const std::set<Key>& s) {
+      return !s.empty() && s.begin()->first < protect_tick;
+    };
+    uintptr_t addr = 0;
+    if (usable(d.dead)) {
+      addr = d.dead.begin()->second;
+    } else if (
+        usable(d.live) &&
+        (d.scan.empty() || d.live.begin()->first < d.scan.begin()->first)) {
+      addr = d.live.begin()->second;
+    } else if (usable(d.scan)) {
+      auto it = d.scan.lower_bound(Key{protect_tick, 0});
+      addr = std::prev(it)->second;
+    } else if (usable(d.live)) {
+      addr = d.live.begin()->second;
+    } else {
       break;
     }
-    const uintptr_t addr = from.begin()->second;
     Segment* seg = find(addr);
     freed += leave(*seg, (addr - seg->base) / kChunkBytes, limits, out);
   }
@@ -489,6 +511,12 @@ bool Residency::onAlloc(
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];
     revived = revived || seg->dead(i);
+    if (c.scan) {
+      // Written by its new block: no longer part of a read-only scan.
+      unlink(*seg, i);
+      c.scan = false;
+      link(*seg, i);
+    }
     const uintptr_t clo = seg->chunkAddr(i);
     const auto now_live = static_cast<uint32_t>(std::min<uint64_t>(
         seg->chunkSize(i), c.live + overlap(addr, hi, clo, clo + seg->chunkSize(i))));
@@ -555,8 +583,9 @@ uint64_t Residency::touch(
   }
   ++tick_;
   uint64_t need = 0;
+  const bool scan = read_only && policy == Policy::Lru;
   for (size_t i = first; i < last; ++i) {
-    retouch(*seg, i);
+    retouch(*seg, i, scan);
     if (seg->chunks[i].where == Where::Host) {
       need += seg->chunkSize(i);
     }
@@ -577,7 +606,7 @@ uint64_t Residency::touch(
     }
   }
   return bringIn(*seg, first, last, stream, /*dead_content=*/false, addr, hi,
-                 lim, out, read_only && policy == Policy::Lru);
+                 lim, out, scan && limits.read_copies);
 }
 
 uint64_t Residency::evict(
@@ -660,7 +689,8 @@ std::string Residency::checkInvariants() const {
       }
       e.bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
       if (c.where != Where::Host) {
-        (seg.dead(i) ? e.dead : e.live).insert(Key{c.tick, seg.chunkAddr(i)});
+        (seg.dead(i) ? e.dead : c.scan ? e.scan : e.live)
+            .insert(Key{c.tick, seg.chunkAddr(i)});
       }
     }
   }
@@ -674,7 +704,7 @@ std::string Residency::checkInvariants() const {
             ", chunks say " + std::to_string(e.bytes[w]);
       }
     }
-    if (a.live != e.live || a.dead != e.dead) {
+    if (a.live != e.live || a.scan != e.scan || a.dead != e.dead) {
       return "device " + std::to_string(dev) + ": eviction order out of date";
     }
   }

@@ -56,6 +56,27 @@
 //     has made GPU-only (none, when the guess was right);
 //   - a dead dup chunk is dropped and discarded.
 //
+// Note [Scans]
+// ~~~~~~~~~~~~
+// Inference reads the weights layer by layer, forward after forward: a
+// cyclic scan. When the scan is larger than the budget, LRU is the worst
+// policy for it: the chunk it evicts is always the one the scan needs next,
+// so every forward moves every weight. The best victim is the chunk whose
+// next use is farthest away, which in a cyclic scan is the one read most
+// recently: then a prefix of the scan stays on the device and each forward
+// moves only the rest (Belady's order for a loop). A chunk last touched
+// read-only (a forward without autograd, TORCH_UM_TOUCH_READ_ONLY) is
+// therefore kept in a set of its own, `scan`, and room is made
+//   1. from dead chunks, least recently touched first (no copy);
+//   2. from live chunks that have not been touched since before the oldest
+//      scan chunk was read (colder than the whole scan: data of another
+//      phase), least recently touched first;
+//   3. from scan chunks, most recently read first, never those of the range
+//      being brought in;
+//   4. from the remaining live chunks, least recently touched first.
+// Training touches nothing read-only, so for it this is plain LRU; a chunk
+// touched for writing or (re)allocated leaves the scan set.
+//
 // Thread safety: none. The caller (Engine) serialises every call.
 #pragma once
 
@@ -158,6 +179,10 @@ struct DeviceLimits {
   uint64_t budget = 0; // device budget in bytes
   bool can_act = false; // concurrent managed access, and no capture under way
   bool discard = true; // dead data may be discarded (CUDA 13 and the setting)
+  // read-only touches bring data in as duplicates (the read_copies setting,
+  // Note [Read-only duplicates]); without it they only mark a scan (Note
+  // [Scans])
+  bool read_copies = false;
 };
 
 struct ResidencyCounters {
@@ -261,6 +286,7 @@ class Residency {
     Where where = Where::Unplaced;
     bool discarded = false; // pages dropped: must be placed before a write
     bool dup = false; // a read-only duplicate: ReadMostly is set on it
+    bool scan = false; // last touched read-only (Note [Scans])
     uint64_t evicted_in = 0; // eviction batch that last moved it to host
     uint32_t live = 0; // bytes of live blocks in this chunk
     uint64_t tick = 0; // last touch
@@ -301,6 +327,7 @@ class Residency {
   using Key = std::pair<uint64_t, uintptr_t>;
   struct DeviceLru {
     std::set<Key> live; // device-resident chunks holding live bytes
+    std::set<Key> scan; // of those, the ones last touched read-only
     std::set<Key> dead; // device-resident chunks with no live bytes
     uint64_t bytes[3] = {0, 0, 0}; // by Where
     // Counted against the budget: unplaced pages migrate on first touch.
@@ -319,7 +346,10 @@ class Residency {
   void setWhere(Segment& seg, size_t i, Where to);
   void unlink(Segment& seg, size_t i);
   void link(Segment& seg, size_t i);
-  void retouch(Segment& seg, size_t i);
+  // Makes chunk i the most recently touched, read-only (`scan`) or not.
+  void retouch(Segment& seg, size_t i, bool scan = false);
+  // The set a device-resident chunk is kept in.
+  std::set<Key>& setOf(Segment& seg, size_t i);
   // Sets a chunk's live bytes; `retick` also makes it the most recent.
   void setLive(Segment& seg, size_t i, uint32_t live, bool retick);
   // Frees room for `need` bytes on `device` under `budget`, never taking a
