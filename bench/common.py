@@ -167,12 +167,14 @@ PATH_OPTIONS = {
     "--um-pythonpath": "UM",
     "--prev-pythonpath": "PREV",
     "--out": "OUT",
+    "--workdir": "WORKDIR",
 }
 
 
 def command_line(module: str) -> str:
     """How this orchestrator was started, for the record: the values of path options
-    are replaced by their names (STOCK, UM, PREV, OUT), which bench/README.md explains."""
+    are replaced by their names (STOCK, UM, PREV, OUT, WORKDIR), which bench/README.md
+    explains."""
     args = list(sys.argv[1:])
     for i, arg in enumerate(args[:-1]):
         if arg in PATH_OPTIONS:

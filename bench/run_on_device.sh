@@ -6,6 +6,7 @@
 #   bash bench/run_on_device.sh                          # both, default settings
 #   bash bench/run_on_device.sh step_time --rounds 2     # one, with its options
 #   bash bench/run_on_device.sh residency train --rounds 1   # residency: train or infer
+#   bash bench/run_on_device.sh host_memory --scenarios listing1   # peak host memory (issue 9)
 #   PREV_BUNDLE=.device/prev bash bench/run_on_device.sh residency train
 #       # adds mode um-prev: the engine of an earlier commit's bundle (carry it too)
 #
@@ -43,12 +44,20 @@ run() {
   local bench=$1
   shift
   case "$bench" in
-    step_time | oversubscribe | residency) ;;
-    *) echo "bench/run_on_device.sh: unknown benchmark '$bench' (step_time, oversubscribe, residency)" >&2; exit 2 ;;
+    step_time | oversubscribe | residency | host_memory) ;;
+    *) echo "bench/run_on_device.sh: unknown benchmark '$bench' (step_time, oversubscribe, residency, host_memory)" >&2; exit 2 ;;
   esac
   local log=$bench
   # residency takes its workload (train or infer) first: one log each.
   if [ "$bench" = residency ] && [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then log="$bench-$1"; fi
+  # host_memory: one log per --scenarios selection.
+  if [ "$bench" = host_memory ]; then
+    local prev=""
+    for arg in "$@"; do
+      if [ "$prev" = --scenarios ]; then log="$bench-${arg//,/-}"; fi
+      prev=$arg
+    done
+  fi
   local extra=()
   if [ "$bench" = residency ]; then extra=("${PREV_ARGS[@]}"); fi
   echo "== bench.$bench $*"

@@ -107,6 +107,8 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         discard=True,
         hooks=True,
         read_copies=False,
+        host_alloc="default",
+        host_alloc_min="1MiB",
     )
     torch.cuda.set_per_process_memory_fraction(1.0)
 

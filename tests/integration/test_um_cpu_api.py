@@ -27,10 +27,17 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
-    "read_copies."
+    "read_copies, host_alloc, host_alloc_min."
 )
 # The residency settings, unchanged by every configure() call below.
-RESIDENCY = {"policy": "lru", "discard": "True", "hooks": "True", "read_copies": "False"}
+RESIDENCY = {
+    "policy": "lru",
+    "discard": "True",
+    "hooks": "True",
+    "read_copies": "False",
+    "host_alloc": "default",
+    "host_alloc_min": str(1 << 20),
+}
 DEFAULTS = {
     "enabled": "True",
     "max_managed": "none",
@@ -113,6 +120,23 @@ try:
     out["bad_advice"] = None
 except ValueError as e:
     out["bad_advice"] = str(e)
+# Without a GPU, managed_host() falls back to ordinary memory, counted; move_ checks first.
+with um.managed_host():
+    big = torch.ones(1 << 20)
+out["host_scope"] = {"managed": um.is_managed(big), "sum": float(big.sum()),
+                     "fallbacks": um.stats()["um.host_fallbacks"]}
+move_bad = {}
+for name, call in (("copy_not_bool", lambda: um.move_(cpu, "cpu", copy=1)),
+                   ("not_tensors", lambda: um.move_([cpu, 3], "cpu")),
+                   ("bad_device", lambda: um.move_(cpu, "meta")),
+                   ("autograd", lambda: um.move_(torch.ones(2, requires_grad=True) * 2, "cpu"))):
+    try:
+        call()
+        move_bad[name] = None
+    except (TypeError, ValueError) as e:
+        move_bad[name] = f"{type(e).__name__}: {e}"
+out["move_bad"] = move_bad
+out["move_same_device"] = um.move_(cpu, "cpu") is cpu and cpu.device.type == "cpu"
 um.reset_peak()
 out["init_at_end"] = torch.cuda.is_initialized()
 print(json.dumps(out))
@@ -133,6 +157,8 @@ BAD = {
     "device_budget:150%": ["'device_budget' as a percentage must lie in (0, 100], got '150%'"],
     "device_budget:-5%": ["must lie in (0, 100], got '-5%'"],
     "max_managed": ["expected key:value, got 'max_managed'", KEYS],
+    "host_alloc:pinned": ["'host_alloc' takes default", "got 'pinned'"],
+    "host_alloc_min:big": ["'host_alloc_min' takes a size", "got 'big'"],
     # a bad item after a good one: nothing applies (the probe checks get_config is unchanged)
     "enabled:False,prefetch:nope": ["'prefetch' takes True or False, got 'nope'"],
 }
@@ -223,7 +249,7 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
 def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     stats = api["stats"]
     assert stats["um.enabled"] == 1 and stats["um.policy_lru"] == 1
-    assert len(stats) == 35 and all(isinstance(v, int) for v in stats.values())
+    assert len(stats) == 39 and all(isinstance(v, int) for v in stats.values())
     flags = ("um.enabled", "um.policy_lru")
     assert {k: v for k, v in stats.items() if k not in flags} == dict.fromkeys(
         (k for k in stats if k not in flags), 0
@@ -232,6 +258,17 @@ def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     assert api["is_managed"] is False
     assert api["prefetch"] == 0 and api["advise"] == 0  # CPU tensors are skipped
     assert "unknown advice 'sideways'" in api["bad_advice"]
+
+
+def test_managed_host_and_move_without_a_gpu(api: dict[str, Any]) -> None:
+    # The scope's allocation asked for managed memory, found no device and fell back.
+    assert api["host_scope"] == {"managed": False, "sum": float(1 << 20), "fallbacks": 1}
+    bad = api["move_bad"]
+    assert bad["copy_not_bool"] == "TypeError: copy must be a bool, got int"
+    assert bad["not_tensors"] == "TypeError: expected tensors, got int"
+    assert bad["bad_device"] == "ValueError: unified memory is for CUDA devices, not 'meta'"
+    assert bad["autograd"].startswith("ValueError: torch.cuda.um.move_: tensor 0 was computed by")
+    assert api["move_same_device"] is True
 
 
 BAD_ENV_PROBE = r"""

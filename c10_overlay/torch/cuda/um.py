@@ -64,6 +64,8 @@ __all__ = [
     "is_available",
     "is_enabled",
     "is_managed",
+    "managed_host",
+    "move_",
     "prefetch",
     "reset_peak",
     "set_device_budget",
@@ -123,6 +125,10 @@ class _Stats(ctypes.Structure):
             "duplicate_bytes",
             "drop_bytes",
             "cancelled_bytes",
+            "host_allocations",
+            "host_alloc_bytes",
+            "adopted_bytes",
+            "host_fallbacks",
         )
     ]
 
@@ -180,6 +186,9 @@ def _bind(lib: ctypes.CDLL) -> None:
         "torch_um_touch": (c.c_longlong, [c.c_void_p, c.c_size_t, c.c_int, c.c_void_p, c.c_int]),
         "torch_um_under_pressure": (c.c_int, []),
         "torch_um_attach_events": (c.c_int, [c.c_char_p, c.c_size_t]),
+        "torch_um_host_install": (c.c_int, [c.c_char_p, c.c_size_t]),
+        "torch_um_host_scope": (c.c_int, [c.c_int]),
+        "torch_um_alias": (c.c_void_p, [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -295,6 +304,8 @@ def configure(
     discard: bool | None = None,
     hooks: bool | None = None,
     read_copies: bool | None = None,
+    host_alloc: str | None = None,
+    host_alloc_min: Size | None = None,
 ) -> None:
     """Change the engine's settings for allocations made from now on.
 
@@ -313,10 +324,11 @@ def configure(
             raise TypeError(f"conf must be a str, got {type(conf).__name__}")
         if conf.strip():
             parts.append(conf.strip())
-    if policy is not None:
-        if not isinstance(policy, str):
-            raise TypeError(f"policy must be a str, got {type(policy).__name__}")
-        parts.append(f"policy:{policy}")
+    for key, word in (("policy", policy), ("host_alloc", host_alloc)):
+        if word is not None:
+            if not isinstance(word, str):
+                raise TypeError(f"{key} must be a str, got {type(word).__name__}")
+            parts.append(f"{key}:{word}")
     for key, flag in (
         ("enabled", enabled),
         ("prefetch", prefetch),
@@ -332,6 +344,7 @@ def configure(
         ("max_managed", max_managed),
         ("device_budget", device_budget),
         ("host_headroom", host_headroom),
+        ("host_alloc_min", host_alloc_min),
     ):
         if size is not None:
             parts.append(f"{key}:{_size(size, key)}")
@@ -341,6 +354,8 @@ def configure(
     err = ctypes.create_string_buffer(_ERRLEN)
     if lib.torch_um_configure(",".join(parts).encode(), err, _ERRLEN) != 0:
         raise ValueError(err.value.decode(errors="replace"))
+    if get_config().get("host_alloc") == "managed":
+        _install_host_allocator()
 
 
 def set_device_budget(budget: Size) -> None:
@@ -446,22 +461,22 @@ def injection_info() -> dict[str, int]:
     if _lib.torch_um_inject_info(ctypes.byref(info)) != 0:
         return {}
     return {
-        name: int(getattr(info, name))
-        for name, *_ in _InjectInfo._fields_
-        if name != "struct_size"
+        name: int(getattr(info, name)) for name, *_ in _InjectInfo._fields_ if name != "struct_size"
     }
 
 
 def is_managed(obj: torch.Tensor | torch.UntypedStorage | int) -> bool:
-    """Whether a tensor's (or storage's, or address's) memory is managed memory."""
+    """Whether a tensor's (or storage's, or address's) memory is managed memory:
+    a CUDA tensor's with unified memory on, a CPU tensor's allocated inside
+    :func:`managed_host` or with ``host_alloc:managed``."""
     if _lib is None:
         return False
     if isinstance(obj, torch.Tensor):
-        if obj.device.type != "cuda":
+        if obj.device.type not in ("cuda", "cpu"):
             return False
         ptr = obj.untyped_storage().data_ptr()
     elif isinstance(obj, torch.UntypedStorage):
-        if obj.device.type != "cuda":
+        if obj.device.type not in ("cuda", "cpu"):
             return False
         ptr = obj.data_ptr()
     elif isinstance(obj, int) and not isinstance(obj, bool):
@@ -549,6 +564,180 @@ def advise(obj: TensorsLike, advice: str, device: DeviceLike = None) -> int:
             raise RuntimeError(err.value.decode(errors="replace"))
         total += size
     return total
+
+
+# ---- managed host memory and zero-copy moves --------------------------------------
+#
+# Note [Managed host memory] (c10/cuda/um/HostAllocator.h) has the design. A
+# CPU tensor allocated inside managed_host() (or anywhere, with
+# host_alloc:managed, once CUDA is in use) is managed memory placed in host
+# RAM; move_ then hands it to a GPU without a copy: the same pages, viewed on
+# the device through a DLPack alias that keeps the CPU storage alive, and
+# entered into the device's residency ledger, which migrates what the budget
+# allows and lets the GPU read the rest in place.
+
+_host_installed = False
+_host_lock = threading.Lock()
+
+
+def _install_host_allocator() -> None:
+    global _host_installed
+    with _host_lock:
+        if _host_installed:
+            return
+        err = ctypes.create_string_buffer(_ERRLEN)
+        if _engine().torch_um_host_install(err, _ERRLEN) != 0:
+            raise RuntimeError(f"torch.cuda.um: {err.value.decode(errors='replace')}")
+        _host_installed = True
+
+
+class managed_host:
+    """Context manager: CPU tensors this thread allocates inside it, of at least
+    ``host_alloc_min`` bytes (default 1 MiB), are managed memory placed in host
+    RAM, which :func:`move_` can hand to a GPU without a copy::
+
+        with torch.cuda.um.managed_host():
+            x = torch.rand(1 << 30)          # host RAM, managed
+        y = torch.cuda.um.move_(x, "cuda")    # x itself, now on the GPU
+
+    The tensors are ordinary CPU tensors otherwise. Use it for data that will
+    move to a GPU: a fork()ed child process (a DataLoader worker under the
+    fork start method) cannot read managed memory of its parent, and freeing
+    managed memory waits for the GPU. Allocations the engine declines (the
+    ``max_managed`` cap, ``host_headroom``) are ordinary host memory. The
+    first use initialises CUDA.
+    """
+
+    def __enter__(self) -> managed_host:
+        lib = _engine()
+        _install_host_allocator()
+        lib.torch_um_host_scope(1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _engine().torch_um_host_scope(-1)
+
+
+def _move_group(
+    tensors: list[torch.Tensor], storage: torch.UntypedStorage, index: int, copy: bool
+) -> bool:
+    """Move tensors that share `storage` to device `index` (HOST: the CPU) in
+    place; True if the memory was aliased, False if copied."""
+    lib = _engine()
+    # Each tensor holds one reference to the storage, and `storage` one more:
+    # any other means code outside this call can still reach the memory.
+    users = torch._C._storage_Use_Count(storage._cdata)
+    sole = users == len(tensors) + 1
+    managed = is_managed(storage)
+    why = ""
+    new_storage: torch.UntypedStorage | None = None
+    if not managed:
+        why = "its memory is not managed (allocate it inside torch.cuda.um.managed_host())"
+    elif not sole:
+        why = (
+            f"{users - 1 - len(tensors)} other reference(s) to its storage exist outside "
+            "this call, which would see the same memory on another device"
+        )
+    else:
+        if index == HOST:
+            # CPU reads must see finished GPU work, as after .cpu().
+            torch.cuda.current_stream(storage.device).synchronize()
+        err = ctypes.create_string_buffer(_ERRLEN)
+        raw = lib.torch_um_alias(ctypes.c_void_p(storage._cdata), index, err, _ERRLEN)
+        if not raw:
+            why = err.value.decode(errors="replace")
+        else:
+            capsule = _capsule(raw)
+            new_storage = torch.utils.dlpack.from_dlpack(capsule).untyped_storage()
+            if index == HOST:
+                # Bring the pages to host RAM through the engine's ledger.
+                prefetch_range = (storage.data_ptr(), storage.nbytes())
+                err2 = ctypes.create_string_buffer(_ERRLEN)
+                lib.torch_um_prefetch(
+                    ctypes.c_void_p(prefetch_range[0]),
+                    prefetch_range[1],
+                    HOST,
+                    None,
+                    err2,
+                    _ERRLEN,
+                )
+    if new_storage is None:
+        if not copy:
+            raise ValueError(f"torch.cuda.um.move_: cannot move without a copy: {why}")
+        target = "cpu" if index == HOST else f"cuda:{index}"
+        new_storage = storage.to(device=target)
+    device = new_storage.device
+    with torch.no_grad():
+        for t in tensors:
+            view = torch.empty(0, dtype=t.dtype, device=device)
+            view.set_(new_storage, t.storage_offset(), t.size(), t.stride())
+            t.data = view
+    return why == ""
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def _capsule(managed_tensor: int) -> object:
+    # A "dltensor" capsule without a destructor: torch.from_dlpack takes
+    # ownership (and calls the record's deleter when the tensor dies).
+    return _PyCapsule_New(managed_tensor, b"dltensor", None)
+
+
+def move_(obj: TensorsLike, device: DeviceLike = "cuda", *, copy: bool = True) -> TensorsLike:
+    """Move tensors, or a module's parameters and buffers, to ``device`` in place,
+    without a copy where the memory allows it; returns ``obj``.
+
+    A tensor whose storage is managed memory (a CPU tensor allocated inside
+    :func:`managed_host`; any CUDA tensor with unified memory on) and that no
+    tensor outside ``obj`` shares becomes a tensor of ``device`` over the same
+    memory: same address, no second copy; the engine migrates its pages as
+    the device budget allows (to a GPU) or brings them to host RAM (to
+    ``"cpu"``, after the current stream's work is done). Otherwise it is
+    copied, as ``Tensor.to`` would, unless ``copy=False``, which raises
+    :class:`ValueError` naming the reason instead.
+
+    The tensor objects themselves change device (``t.data`` is replaced), so
+    a module's parameters stay the same :class:`torch.nn.Parameter` objects.
+    Tensors of ``obj`` that share a storage (views, tied weights) keep
+    sharing it. Contract: memory is aliased only when no reference to the
+    storage exists outside ``obj``, so no tensor user code can still reach
+    is left on the old device over the same memory. A tensor that autograd
+    has recorded (not a leaf) is refused.
+
+    Example::
+
+        with torch.cuda.um.managed_host():
+            state = torch.load("ckpt.pt", map_location="cpu")
+        torch.cuda.um.move_(list(state.values()), "cuda")
+        model.load_state_dict(state, assign=True)
+    """
+    if not isinstance(copy, bool):
+        raise TypeError(f"copy must be a bool, got {type(copy).__name__}")
+    index = _device_index(device, allow_host=True)
+    groups: dict[int, tuple[torch.UntypedStorage, list[torch.Tensor]]] = {}
+    seen: set[int] = set()
+    for i, t in enumerate(_tensors(obj)):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"torch.cuda.um.move_: tensor {i} is on {t.device}, not cpu or cuda")
+        if t.grad_fn is not None:
+            raise ValueError(
+                f"torch.cuda.um.move_: tensor {i} was computed by autograd ({t.grad_fn.name()}); "
+                "move leaf tensors (parameters, buffers, loaded data)"
+            )
+        here = HOST if t.device.type == "cpu" else int(t.device.index or 0)
+        if here == index:
+            continue
+        st = t.untyped_storage()
+        groups.setdefault(st._cdata, (st, []))[1].append(t)
+    for storage, tensors in groups.values():
+        _move_group(tensors, storage, index, copy)
+    return obj
 
 
 # ---- use signals: module hooks -------------------------------------------------
@@ -711,6 +900,8 @@ def _attach() -> None:
         _drop_expandable_segments()
         if is_enabled():
             _watch_pressure()
+            if get_config().get("host_alloc") == "managed":
+                _install_host_allocator()
 
 
 def _expandable_requested() -> bool:

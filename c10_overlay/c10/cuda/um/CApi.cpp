@@ -2,7 +2,10 @@
 #include <c10/cuda/um/Engine.h>
 #include <c10/cuda/um/c_api.h>
 
+#include <c10/core/StorageImpl.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/um/CudaCompat.h>
+#include <c10/cuda/um/HostAllocator.h>
 #include <c10/cuda/um/ErrorText.h>
 #include <c10/cuda/um/UnifiedMemory.h>
 #include <c10/util/Exception.h>
@@ -24,9 +27,112 @@ int cudaFail(char* err, size_t errlen, const char* what, cudaError_t e) {
       err, errlen, std::string(what) + " failed: " + cudaGetErrorString(e));
 }
 
+// The DLPack ABI (dlpack.h, v0.8: the unversioned DLManagedTensor that every
+// torch.from_dlpack accepts in a "dltensor" capsule), declared here because
+// the source path builds c10 without ATen's copy of the header.
+struct DLDevice {
+  int32_t device_type; // 1 CPU, 2 CUDA
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code; // 1 unsigned int
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+
+// One alias: the DLPack record and the reference that keeps the aliased
+// storage (and so its memory) alive until torch drops the alias.
+struct Alias {
+  DLManagedTensor managed{};
+  int64_t shape[1] = {0};
+  c10::intrusive_ptr<c10::StorageImpl> owner;
+};
+
+void deleteAlias(DLManagedTensor* self) {
+  delete static_cast<Alias*>(self->manager_ctx);
+}
+
 } // namespace
 
 extern "C" {
+
+TORCH_UM_API int torch_um_host_install(char* err, size_t errlen) {
+  try {
+    std::string why = c10::cuda::um::installHostAllocator();
+    return why.empty() ? 0 : fail(err, errlen, why);
+  } catch (const c10::Error& e) {
+    return fail(err, errlen, e.what_without_backtrace());
+  }
+}
+
+TORCH_UM_API int torch_um_host_scope(int delta) {
+  return c10::cuda::um::hostScope(delta);
+}
+
+TORCH_UM_API void* torch_um_alias(
+    void* storage_impl,
+    int device,
+    char* err,
+    size_t errlen) {
+  if (storage_impl == nullptr || device < TORCH_UM_HOST) {
+    fail(err, errlen, "alias: bad argument");
+    return nullptr;
+  }
+  try {
+    auto owner = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
+        static_cast<c10::StorageImpl*>(storage_impl));
+    void* data = owner->data_ptr().get();
+    const size_t nbytes = owner->nbytes();
+    Engine& engine = Engine::get();
+    if (data == nullptr || !engine.isManaged(data)) {
+      fail(err, errlen,
+           "the storage is not managed memory (a CPU tensor is when it was "
+           "allocated inside torch.cuda.um.managed_host() or with "
+           "host_alloc:managed; a CUDA tensor is when unified memory was on)");
+      return nullptr;
+    }
+    if (device >= 0) {
+      const auto dev = static_cast<c10::DeviceIndex>(device);
+      std::string why = engine.adoptHost(
+          data, device, c10::cuda::getCurrentCUDAStream(dev).stream());
+      if (!why.empty()) {
+        fail(err, errlen, "cannot move to cuda:" + std::to_string(device) + ": " + why);
+        return nullptr;
+      }
+    }
+    auto* a = new Alias();
+    a->owner = std::move(owner);
+    a->shape[0] = static_cast<int64_t>(nbytes);
+    DLTensor& t = a->managed.dl_tensor;
+    t.data = data;
+    t.device = device >= 0 ? DLDevice{2, device} : DLDevice{1, 0};
+    t.ndim = 1;
+    t.dtype = DLDataType{1, 8, 1};
+    t.shape = a->shape;
+    t.strides = nullptr; // compact
+    t.byte_offset = 0;
+    a->managed.manager_ctx = a;
+    a->managed.deleter = &deleteAlias;
+    return &a->managed;
+  } catch (const c10::Error& e) {
+    fail(err, errlen, e.what_without_backtrace());
+    return nullptr;
+  }
+}
 
 TORCH_UM_API int torch_um_abi_version(void) {
   return TORCH_UM_ABI_VERSION;

@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
-    "discard, hooks, read_copies";
+    "discard, hooks, read_copies, host_alloc, host_alloc_min";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -166,6 +166,9 @@ std::string Config::str() const {
   s += hooks ? "True" : "False";
   s += ",read_copies:";
   s += read_copies ? "True" : "False";
+  s += ",host_alloc:";
+  s += host_alloc_managed ? "managed" : "default";
+  s += ",host_alloc_min:" + std::to_string(host_alloc_min);
   return s;
 }
 
@@ -213,6 +216,19 @@ Config parseConfig(
           value,
           "'.");
       cfg.lru = value == "lru";
+    } else if (key == "host_alloc") {
+      TORCH_CHECK(
+          value == "default" || value == "managed",
+          source,
+          ": 'host_alloc' takes default (CPU tensors use c10's CPU allocator "
+          "outside torch.cuda.um.managed_host()) or managed (CPU tensors of "
+          "at least host_alloc_min bytes are managed memory in host RAM once "
+          "CUDA is in use), got '",
+          value,
+          "'.");
+      cfg.host_alloc_managed = value == "managed";
+    } else if (key == "host_alloc_min") {
+      cfg.host_alloc_min = requireBytes(key, value, source);
     } else if (key == "max_managed") {
       if (value == "none" || value == "None") {
         cfg.max_managed.reset();

@@ -51,6 +51,15 @@ struct Config {
   // with it, the inference benchmark's logits differed from stock's by a
   // relative 6e-4..4e-3 in two runs on an H200 (bench/README.md).
   bool read_copies = false;
+  // CPU tensors of at least host_alloc_min bytes are managed memory placed in
+  // host RAM (Note [Managed host memory], HostAllocator.h), so that
+  // torch.cuda.um.move_ can hand them to a GPU without a copy. "default"
+  // (false) keeps c10's CPU allocator except inside torch.cuda.um's
+  // managed_host() scope; "managed" applies it process-wide once the process
+  // has used CUDA. Off by default: fork()ed DataLoader workers cannot read
+  // managed memory of their parent.
+  bool host_alloc_managed = false;
+  uint64_t host_alloc_min = 1ull << 20;
 
   // Canonical "key:value,..." form of every setting.
   std::string str() const;

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <unistd.h>
 #include <cstdlib>
 #include <optional>
 #include <utility>
@@ -23,11 +24,17 @@ Engine& Engine::get() {
   return *engine;
 }
 
-Engine::Engine() {
+Engine::Engine() : owner_pid_(static_cast<int>(getpid())) {
   const char* env = std::getenv(kConfigEnvVar);
   if (env != nullptr) {
     cfg_ = parseConfig(env, Config{}, kConfigEnvVar);
   }
+  syncHostSettings();
+}
+
+void Engine::syncHostSettings() {
+  host_managed_.store(cfg_.host_alloc_managed);
+  host_min_.store(cfg_.host_alloc_min);
 }
 
 Engine::DeviceState& Engine::probe(
@@ -215,6 +222,7 @@ cudaError_t Engine::allocSegment(
     }
     st.managed_segments += 1;
     st.managed_bytes += size;
+    used_cuda_.store(true);
     const bool quiet = capturing || captures_.load() > 0;
     if (quiet && st.concurrent_access) {
       ++st.prefetches_skipped_capture;
@@ -341,6 +349,7 @@ Config Engine::config() const {
 void Engine::configure(std::string_view text, std::string_view source) {
   std::lock_guard<std::mutex> lock(mu_);
   cfg_ = parseConfig(text, cfg_, source);
+  syncHostSettings();
 }
 
 bool Engine::enabled() const {
@@ -349,8 +358,181 @@ bool Engine::enabled() const {
 }
 
 bool Engine::isManaged(const void* ptr) const {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(mu_);
-  return residency_.deviceOf(reinterpret_cast<uintptr_t>(ptr)) >= 0;
+  return residency_.deviceOf(p) >= 0 || hostFind(p) != host_.end();
+}
+
+std::map<uintptr_t, Engine::HostAllocation>::const_iterator Engine::hostFind(
+    uintptr_t p) const {
+  auto it = host_.upper_bound(p);
+  if (it == host_.begin()) {
+    return host_.end();
+  }
+  --it;
+  return p < it->first + it->second.size ? it : host_.end();
+}
+
+bool Engine::wantsHost(size_t size, int scope_depth) const {
+  if (size == 0 || size < host_min_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  return scope_depth > 0 ||
+      (host_managed_.load(std::memory_order_relaxed) &&
+       used_cuda_.load(std::memory_order_relaxed));
+}
+
+void* Engine::allocHost(size_t size) {
+  if (static_cast<int>(getpid()) != owner_pid_) {
+    return nullptr;
+  }
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::lock_guard<std::mutex> lock(mu_);
+    ++host_fallbacks_; // no CUDA device in this process
+    return nullptr;
+  }
+  std::string warning;
+  bool declined = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cfg_.enabled ||
+        !probe(static_cast<c10::DeviceIndex>(device), warning).managed_supported ||
+        cap_.refuse(cfg_, ledger(static_cast<c10::DeviceIndex>(device)), size)) {
+      declined = true;
+    } else {
+      const uint64_t avail = availableHostBytes();
+      declined = avail != UINT64_MAX && avail < size + cfg_.host_headroom;
+    }
+    if (declined) {
+      ++host_fallbacks_;
+    } else {
+      managed_bytes_ += size; // reserved, as in allocSegment
+    }
+  }
+  if (!warning.empty()) {
+    TORCH_WARN(warning);
+  }
+  if (declined) {
+    return nullptr;
+  }
+  void* ptr = nullptr;
+  cudaError_t err = cudaMallocManaged(&ptr, size, cudaMemAttachGlobal);
+  if (err == cudaSuccess) {
+    // Host RAM is where CPU code writes it: first touches populate host
+    // pages instead of migrating anything.
+    err = compat::advise(ptr, size, cudaMemAdviseSetPreferredLocation, compat::kHost);
+    if (err != cudaSuccess) {
+      (void)cudaFree(ptr);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    managed_bytes_ -= size;
+    ++host_fallbacks_;
+    return nullptr;
+  }
+  host_[reinterpret_cast<uintptr_t>(ptr)] = HostAllocation{size, -1};
+  host_bytes_ += size;
+  peak_managed_bytes_ = std::max(peak_managed_bytes_, managed_bytes_);
+  return ptr;
+}
+
+void Engine::freeHost(void* ptr) {
+  if (static_cast<int>(getpid()) != owner_pid_) {
+    return;
+  }
+  int device = -1;
+  uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = host_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == host_.end()) {
+      return;
+    }
+    const uint64_t size = it->second.size;
+    device = it->second.device;
+    if (device >= 0) {
+      residency_.removeSegment(it->first);
+      DeviceState& st = devices_[device];
+      st.managed_segments -= 1;
+      st.managed_bytes -= size;
+      adopted_bytes_ -= size;
+      ticket = executor_.take();
+    }
+    host_bytes_ -= size;
+    managed_bytes_ -= size;
+    host_.erase(it);
+  }
+  if (device >= 0) {
+    // As in freeSegment: every action decided on these pages is issued
+    // before the memory goes.
+    executor_.run(ticket, {}, false);
+    executor_.drain(device);
+  }
+  if (cudaFree(ptr) != cudaSuccess) {
+    (void)cudaGetLastError(); // at exit the runtime may be gone already
+  }
+}
+
+std::string Engine::adoptHost(
+    const void* ptr,
+    int device,
+    cudaStream_t stream) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::vector<Action> actions;
+  std::string warning;
+  uint64_t ticket = 0;
+  bool prefetch = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int owner = residency_.deviceOf(p);
+    auto it = host_.find(p);
+    if (it == host_.end()) {
+      if (owner == device) {
+        return ""; // memory of the device's own segments
+      }
+      if (owner >= 0) {
+        return "it is managed memory of cuda:" + std::to_string(owner) +
+            ", not of cuda:" + std::to_string(device);
+      }
+      return hostFind(p) != host_.end()
+          ? "it does not start a managed host allocation (a view into one)"
+          : "it is not managed memory (allocate it inside "
+            "torch.cuda.um.managed_host(), or with host_alloc:managed)";
+    }
+    if (it->second.device == device) {
+      return "";
+    }
+    if (it->second.device >= 0) {
+      return "it is already used by cuda:" + std::to_string(it->second.device);
+    }
+    DeviceState& st = probe(static_cast<c10::DeviceIndex>(device), warning);
+    if (!st.managed_supported) {
+      return "cuda:" + std::to_string(device) + " has no managed memory";
+    }
+    const uint64_t size = it->second.size;
+    it->second.device = device;
+    st.managed_segments += 1;
+    st.managed_bytes += size;
+    adopted_bytes_ += size;
+    residency_.addSegment(
+        p, size, device, stream, /*tracked=*/false, policy(),
+        limits(device, false), actions);
+    prefetch = cfg_.prefetch;
+    if (!actions.empty()) {
+      ticket = executor_.take();
+    }
+  }
+  if (!warning.empty()) {
+    TORCH_WARN(warning);
+  }
+  if (!actions.empty()) {
+    executor_.run(ticket, actions, prefetch);
+  }
+  return "";
 }
 
 TorchUmStats Engine::stats(c10::DeviceIndex device) const {
@@ -396,6 +578,10 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.duplicate_bytes = rc.duplicate_bytes;
   s.drop_bytes = rc.drop_bytes;
   s.cancelled_bytes = ex.cancelled_bytes;
+  s.host_allocations = host_.size();
+  s.host_alloc_bytes = host_bytes_;
+  s.adopted_bytes = adopted_bytes_;
+  s.host_fallbacks = host_fallbacks_;
   return s;
 }
 

@@ -27,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -76,6 +77,27 @@ class Engine {
       int device,
       cudaStream_t stream,
       bool read_only = false);
+  // Note [Managed host memory] (HostAllocator.h). A managed allocation of
+  // `size` bytes placed in host RAM (PreferredLocation=host), counted under
+  // max_managed; nullptr when the engine declines (UM off, a fork()ed child
+  // of the process that made the engine, the cap, host_headroom, a CUDA
+  // error): the caller then uses ordinary host memory.
+  void* allocHost(size_t size);
+  // Releases allocHost memory; a device that adopted it drops it from its
+  // ledger first. Does nothing in a fork()ed child (the mapping is not its).
+  void freeHost(void* ptr);
+  // The managed memory starting at `ptr` is from now on a tensor of
+  // `device` (torch.cuda.um.move_). An allocHost allocation enters the
+  // device's residency ledger as an untracked segment (always live: no block
+  // events describe it), placed under the budget like a new segment with its
+  // data kept; a block of the device's own segments needs nothing. Returns ""
+  // or, when the memory cannot be used there, why.
+  std::string adoptHost(const void* ptr, int device, cudaStream_t stream);
+  // Whether a CPU allocation of `size` bytes should come from allocHost: the
+  // host_alloc settings, this thread's managed_host() scope depth, and
+  // whether the process has used CUDA. Lock-free.
+  bool wantsHost(size_t size, int scope_depth) const;
+
   // True while some device's managed bytes come near its budget (Note [Near
   // the budget]): the Python layer's use-signal hooks are installed only then.
   bool underPressure() const;
@@ -146,6 +168,25 @@ class Engine {
   uint64_t block_events_ = 0;
   std::atomic<int> captures_{0};
   std::atomic<bool> events_attached_{false};
+
+  struct HostAllocation {
+    uint64_t size = 0;
+    int device = -1; // the device that adopted it, or -1
+  };
+  // allocHost allocations by base address; guarded by mu_.
+  std::map<uintptr_t, HostAllocation> host_;
+  uint64_t host_bytes_ = 0;
+  uint64_t adopted_bytes_ = 0;
+  uint64_t host_fallbacks_ = 0;
+  // Mirrors of cfg_'s host_alloc settings for wantsHost, which runs on every
+  // CPU allocation and must not take mu_.
+  std::atomic<bool> host_managed_{false};
+  std::atomic<uint64_t> host_min_{1ull << 20};
+  std::atomic<bool> used_cuda_{false}; // a managed segment was made
+  const int owner_pid_; // the process whose CUDA context the engine uses
+  // The allocHost allocation containing ptr, or host_.end(); requires mu_.
+  std::map<uintptr_t, HostAllocation>::const_iterator hostFind(uintptr_t p) const;
+  void syncHostSettings(); // requires mu_
 
   ManagedCap cap_;
   HostHeadroom headroom_;

@@ -63,6 +63,14 @@ typedef struct TorchUmStats {
   uint64_t drop_bytes;         /* read-only copies dropped, nothing written back */
   uint64_t cancelled_bytes;    /* queued evictions and discards called off by a
                                   bring-in of the same pages (Executor.h) */
+  /* Managed host memory (Note [Managed host memory], HostAllocator.h),
+   * process-wide: CPU tensors' allocations that are managed memory, their
+   * bytes, the bytes of those a GPU adopted (torch.cuda.um.move_), and the
+   * CPU allocations that asked and fell back to ordinary host memory. */
+  uint64_t host_allocations;
+  uint64_t host_alloc_bytes;
+  uint64_t adopted_bytes;
+  uint64_t host_fallbacks;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
@@ -146,6 +154,31 @@ TORCH_UM_API long long torch_um_touch(
 /* 1 while the managed bytes of some device (on it or in host RAM) exceed
  * 90 % of its device budget, else 0. */
 TORCH_UM_API int torch_um_under_pressure(void);
+
+/* Managed host memory (Note [Managed host memory] in HostAllocator.h).
+ * torch_um_host_install registers the engine's CPU allocator, which wraps
+ * the one in place; idempotent. Returns 0, or -1 with a message in err. */
+TORCH_UM_API int torch_um_host_install(char* err, size_t errlen);
+
+/* Adds delta (+1 entering torch.cuda.um.managed_host(), -1 leaving) to this
+ * thread's scope depth, inside which CPU allocations of at least
+ * host_alloc_min bytes are managed memory. Returns the new depth. */
+TORCH_UM_API int torch_um_host_scope(int delta);
+
+/* A DLPack DLManagedTensor* (v0.8 ABI, for a "dltensor" capsule) of dtype
+ * uint8 and shape {nbytes} over the managed memory of the c10::StorageImpl
+ * `storage_impl` (torch.UntypedStorage._cdata), seen from `device`
+ * (>= 0: that CUDA device; TORCH_UM_HOST: the CPU). It holds a reference to
+ * the storage until its deleter runs. To a device, a managed host
+ * allocation enters the device's residency ledger (placed under the
+ * budget, data kept; ordered on the device's current stream). Returns NULL
+ * with a message in err when the memory is not managed or belongs to
+ * another device. */
+TORCH_UM_API void* torch_um_alias(
+    void* storage_impl,
+    int device,
+    char* err,
+    size_t errlen);
 
 /* Source path: attach the engine to the caching allocator's block events
  * (its trace tracker). Call once CUDA is initialised; the injection path

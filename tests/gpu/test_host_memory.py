@@ -1,0 +1,176 @@
+"""Managed host memory and zero-copy moves (Note [Managed host memory], issue 9).
+
+CPU tensors allocated inside ``torch.cuda.um.managed_host()`` are managed memory placed in
+host RAM; ``torch.cuda.um.move_`` hands them to the GPU without a copy (same address), with
+the data equal to what a copy gives, under a device budget too. A storage that other tensors
+still reach is copied, never aliased behind their backs.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.gpu.conftest import Limits, MiB
+
+torch = pytest.importorskip("torch")
+
+
+def _reference(n: int, seed: int) -> Any:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g)
+
+
+def _managed(n: int, seed: int, um: Any) -> Any:
+    g = torch.Generator().manual_seed(seed)
+    with um.managed_host():
+        return torch.randn(n, generator=g)
+
+
+def test_scope_makes_large_cpu_tensors_managed(torch_mod: Any, um: Any) -> None:
+    before = um.stats()
+    with um.managed_host():
+        big = torch.ones(4 * MiB // 4)
+        small = torch.ones(256)  # under host_alloc_min: ordinary memory
+    outside = torch.ones(4 * MiB // 4)
+    assert big.device.type == "cpu" and um.is_managed(big)
+    assert not um.is_managed(small) and not um.is_managed(outside)
+    after = um.stats()
+    assert after["um.host_allocations"] == before["um.host_allocations"] + 1
+    assert after["um.host_alloc_bytes"] >= before["um.host_alloc_bytes"] + 4 * MiB
+    assert float(big.sum()) == float(big.numel())
+    del big
+    assert um.stats()["um.host_allocations"] == before["um.host_allocations"]
+
+
+def test_move_to_gpu_and_back_keeps_address_and_data(torch_mod: Any, um: Any) -> None:
+    n = 16 * MiB // 4
+    x = _managed(n, 1, um)
+    ref = _reference(n, 1)
+    ptr = x.data_ptr()
+    assert um.move_(x, "cuda") is x
+    assert x.device.type == "cuda" and x.data_ptr() == ptr and um.is_managed(x)
+    assert um.stats()["um.adopted_bytes"] >= n * 4
+    assert torch.equal(x.cpu(), ref)
+    x.mul_(2)
+    um.move_(x, "cpu")
+    assert x.device.type == "cpu" and x.data_ptr() == ptr
+    assert torch.equal(x, ref * 2)
+
+
+def test_move_past_the_budget_streams_and_is_exact(torch_mod: Any, um: Any, limits: Limits) -> None:
+    budget = 256 * MiB
+    um.configure(device_budget=budget)
+    n = 2 * budget // 4  # twice the budget
+    x = _managed(n, 2, um)
+    um.move_(x, "cuda")
+    x.pow_(2)
+    torch.cuda.synchronize()
+    s = um.stats()
+    assert s["um.device_placed_bytes"] + s["um.unplaced_bytes"] <= budget
+    assert s["um.host_placed_bytes"] >= n * 4 - budget
+    ref = _reference(n, 2).pow_(2)
+    step = 32 * MiB // 4
+    for i in range(0, n, step):
+        assert torch.equal(x[i : i + step].cpu(), ref[i : i + step]), f"chunk at {i}"
+
+
+def test_a_storage_others_reach_is_copied_not_aliased(torch_mod: Any, um: Any) -> None:
+    n = 4 * MiB // 4
+    x = _managed(n, 3, um)
+    view = x[10:]  # user code still holds this CPU view of x's storage
+    ptr = x.data_ptr()
+    with pytest.raises(ValueError, match="other reference"):
+        um.move_(x, "cuda", copy=False)
+    assert x.device.type == "cpu"
+    um.move_(x, "cuda")  # copy=True: falls back to a copy
+    assert x.device.type == "cuda" and x.data_ptr() != ptr
+    x.zero_()
+    assert view.device.type == "cpu" and torch.equal(view, _reference(n, 3)[10:])
+
+
+def test_plain_cpu_memory_is_copied(torch_mod: Any, um: Any) -> None:
+    x = _reference(4 * MiB // 4, 4)
+    with pytest.raises(ValueError, match="not managed"):
+        um.move_(x, "cuda", copy=False)
+    um.move_(x, "cuda")
+    assert x.device.type == "cuda" and torch.equal(x.cpu(), _reference(4 * MiB // 4, 4))
+
+
+def test_module_moves_in_place_and_computes_as_a_copy(torch_mod: Any, um: Any) -> None:
+    torch.manual_seed(0)
+    with um.managed_host():
+        model = torch.nn.Sequential(
+            torch.nn.Linear(1024, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024)
+        )
+    twin = copy.deepcopy(model).cuda()  # plain copy for reference
+    weight = model[0].weight
+    ptr = weight.data_ptr()
+    assert um.is_managed(weight)
+    um.move_(model, "cuda")
+    assert model[0].weight is weight and weight.device.type == "cuda"
+    assert weight.data_ptr() == ptr
+    x = torch.randn(64, 1024, device="cuda")
+    assert torch.equal(model(x), twin(x))
+    opt, opt2 = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    for m, o in ((model, opt), (twin, opt2)):
+        m(x).square().mean().backward()
+        o.step()
+    assert torch.equal(model[2].weight, twin[2].weight)
+
+
+def test_checkpoint_loads_to_the_gpu_without_a_copy(torch_mod: Any, um: Any, tmp_path: Any) -> None:
+    torch.manual_seed(1)
+    src = torch.nn.Sequential(torch.nn.Linear(2048, 1024), torch.nn.Linear(1024, 2048))
+    src[1].weight = torch.nn.Parameter(src[0].weight.t())  # a view sharing storage
+    path = tmp_path / "ckpt.pt"
+    torch.save(src.state_dict(), path)
+    with um.managed_host():
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    # The weights are managed (the biases, under host_alloc_min, are not: they are copied).
+    big = {k: t.data_ptr() for k, t in sd.items() if t.nbytes >= MiB}
+    assert len(big) == 2 and all(um.is_managed(sd[k]) for k in big)
+    um.move_(list(sd.values()), "cuda")
+    assert {k: sd[k].data_ptr() for k in big} == big
+    with torch.device("meta"):
+        dst = torch.nn.Sequential(torch.nn.Linear(2048, 1024), torch.nn.Linear(1024, 2048))
+    dst.load_state_dict(sd, assign=True)
+    for (name, a), b in zip(src.state_dict().items(), dst.state_dict().values(), strict=True):
+        assert b.device.type == "cuda" and torch.equal(a, b.cpu()), name
+    # The tied view still shares memory with its base after the move.
+    assert dst[1].weight.data_ptr() == dst[0].weight.data_ptr()
+
+
+def test_host_alloc_managed_setting(torch_mod: Any, um: Any) -> None:
+    torch.ones(1, device="cuda")  # the process has used CUDA
+    um.configure(host_alloc="managed")
+    x = torch.empty(2 * MiB // 4)
+    assert um.is_managed(x)
+    um.configure(host_alloc="default")
+    assert not um.is_managed(torch.empty(2 * MiB // 4))
+
+
+class _Batches(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((1 * MiB,), float(i))  # 4 MiB: qualifies for managed memory
+
+
+def test_dataloader_workers_and_pin_memory_with_managed_setting(torch_mod: Any, um: Any) -> None:
+    """Forked workers allocate their batches as ordinary memory (the engine declines
+    in a child process), the pin thread pins them, and every batch arrives intact."""
+    torch.ones(1, device="cuda")
+    um.configure(host_alloc="managed")
+    loader = torch.utils.data.DataLoader(
+        _Batches(),
+        batch_size=None,
+        num_workers=2,
+        pin_memory=True,
+        multiprocessing_context="fork",
+    )
+    got = [float(b.to("cuda", non_blocking=True).sum()) for b in loader]
+    assert got == [float(i * MiB) for i in range(12)]
