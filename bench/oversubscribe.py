@@ -34,7 +34,7 @@ from bench.common import (
     um_module,
 )
 
-MODES = ("um", "stock", "stock-pinned")
+MODES = ("um", "um-prev", "stock", "stock-pinned")  # um-prev: with --prev-pythonpath only
 PHASES = ("copy_in", "square", "copy_out")
 RUNS = ("first", "again")
 
@@ -113,7 +113,7 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
             for run in RUNS
         }
     ratios = {}
-    for base in ("stock", "stock-pinned"):
+    for base in ("um-prev", "stock", "stock-pinned"):
         if "um" in table and base in table:
             ratios[f"um/{base}"] = {
                 run: {
@@ -122,7 +122,23 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
                 }
                 for run in RUNS
             }
-    return {"seconds": table, "ratios": ratios}
+    # Issue 8's form: the whole listing per mode, first run and again, and its ratio to
+    # the pinned-copy floor (stock-pinned moves the same bytes at link speed).
+    total = {
+        run: {mode: sum(t[run][p]["seconds"] for p in PHASES) for mode, t in table.items()}
+        for run in RUNS
+    }
+    floor = {run: total[run].get("stock-pinned") for run in RUNS}
+    per_floor = {
+        run: {m: sec / floor[run] for m, sec in total[run].items() if floor[run]} for run in RUNS
+    }
+    return {
+        "seconds": table,
+        "ratios": ratios,
+        "first_s": total["first"],
+        "again_s": total["again"],
+        "per_pinned_floor": per_floor,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
     ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
+    ap.add_argument(
+        "--prev-pythonpath",
+        default=None,
+        help="PYTHONPATH of a +um torch with the previous engine: adds mode um-prev",
+    )
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     a = ap.parse_args(argv)
     budget = int(a.budget_gib * GiB) // 4096 * 4096
@@ -142,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     paths = {"um": a.um_pythonpath, "stock": a.stock_pythonpath}
     paths["stock-pinned"] = a.stock_pythonpath
-    cases = [(mode, ["--budget-gib", str(a.budget_gib)]) for mode in MODES]
+    modes = [m for m in MODES if m != "um-prev" or a.prev_pythonpath]
+    if a.prev_pythonpath:
+        paths["um-prev"] = a.prev_pythonpath
+    cases = [(mode, ["--budget-gib", str(a.budget_gib)]) for mode in modes]
 
     def describe(s: dict[str, Any]) -> str:
         first, again = s["runs"]["first"], s["runs"]["again"]

@@ -8,7 +8,8 @@
 #   bash bench/run_on_device.sh residency train --rounds 1   # residency: train or infer
 #   bash bench/run_on_device.sh host_memory --scenarios listing1   # peak host memory (issue 9)
 #   PREV_BUNDLE=.device/prev bash bench/run_on_device.sh residency train
-#       # adds mode um-prev: the engine of an earlier commit's bundle (carry it too)
+#       # adds mode um-prev (residency, oversubscribe): the engine of an earlier
+#       # commit's bundle (carry it too)
 #
 # Results (JSON) and logs go to $OUT (default .device/bench); copy the JSON to
 # bench/results/ and run `python -m bench.plot` there.
@@ -59,7 +60,7 @@ run() {
     done
   fi
   local extra=()
-  if [ "$bench" = residency ]; then extra=("${PREV_ARGS[@]}"); fi
+  if [ "$bench" = residency ] || [ "$bench" = oversubscribe ]; then extra=("${PREV_ARGS[@]}"); fi
   echo "== bench.$bench $*"
   "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" --um-pythonpath "$UM" --out "$OUT" \
     "${extra[@]}" "$@" \

@@ -46,6 +46,11 @@ def test_oversubscribe_summary_ratios_and_bandwidth() -> None:
     }
     assert summary["ratios"]["um/stock"]["again"]["square"] == pytest.approx(2.0)
     assert summary["ratios"]["um/stock-pinned"]["first"]["copy_out"] == pytest.approx(4.0)
+    assert summary["first_s"] == {"um": 14.0, "stock": 7.0, "stock-pinned": 3.5}
+    assert summary["per_pinned_floor"]["again"]["um"] == pytest.approx(4.0)
+    assert "um/um-prev" not in summary["ratios"]
+    with_prev = oversubscribe.summarize([*samples, _over("um-prev", 8.0)])
+    assert with_prev["ratios"]["um/um-prev"]["first"]["square"] == pytest.approx(0.5)
 
 
 def test_command_line_hides_paths(monkeypatch: pytest.MonkeyPatch) -> None:

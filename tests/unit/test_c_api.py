@@ -94,7 +94,9 @@ def test_every_declared_function_is_bound_with_its_signature(
         assert list(got.argtypes) == [_ctype(p, um) for p in fn.params], name
 
 
-@pytest.mark.parametrize(("c_name", "py_name"), [("TorchUmStats", "_Stats"), ("TorchUmInjectInfo", "_InjectInfo")])
+@pytest.mark.parametrize(
+    ("c_name", "py_name"), [("TorchUmStats", "_Stats"), ("TorchUmInjectInfo", "_InjectInfo")]
+)
 def test_structures_match_field_for_field(
     um: types.ModuleType, header: c_api.Header, c_name: str, py_name: str
 ) -> None:
@@ -103,9 +105,7 @@ def test_structures_match_field_for_field(
     assert ctypes.sizeof(getattr(um, py_name)) == 8 * len(c_fields)
 
 
-def test_advice_kinds_constants_and_abi_version(
-    um: types.ModuleType, header: c_api.Header
-) -> None:
+def test_advice_kinds_constants_and_abi_version(um: types.ModuleType, header: c_api.Header) -> None:
     prefix = "TORCH_UM_ADVISE_"
     advice = {k.removeprefix(prefix).lower(): v for k, v in header.enums["TorchUmAdvice"].items()}
     assert um._ADVICE == advice
@@ -127,7 +127,8 @@ def test_injection_gate_checks_every_declared_function(tmp_path: Path) -> None:
     core = copy / c_api.CORE_HEADER
     core.write_text(
         core.read_text().replace(
-            "#ifdef __cplusplus\n}", "TORCH_UM_API int torch_um_new_thing(void);\n#ifdef __cplusplus\n}"
+            "#ifdef __cplusplus\n}",
+            "TORCH_UM_API int torch_um_new_thing(void);\n#ifdef __cplusplus\n}",
         )
     )
     assert "torch_um_new_thing" in c_api.function_names(copy)

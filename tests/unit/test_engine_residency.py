@@ -25,9 +25,20 @@ def residency_test(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if cxx is None:
         pytest.skip("no C++ compiler (set CXX)")
     exe = tmp_path_factory.mktemp("engine") / "residency_test"
-    cmd = [cxx, "-std=c++17", "-O1", "-g", "-Wall", "-Werror",
-           "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-           f"-I{ROOT / 'c10_overlay'}", *map(str, SOURCES), "-o", str(exe)]
+    cmd = [
+        cxx,
+        "-std=c++17",
+        "-O1",
+        "-g",
+        "-Wall",
+        "-Werror",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        f"-I{ROOT / 'c10_overlay'}",
+        *map(str, SOURCES),
+        "-o",
+        str(exe),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return exe
