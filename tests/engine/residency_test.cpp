@@ -427,6 +427,27 @@ bool oversizedSegmentIsSplit() {
   return true;
 }
 
+// evicted_unused_bytes counts live chunks that were evicted and then died in
+// host RAM, and not those a use brought back first.
+bool evictedUnusedIsCounted() {
+  Sim s;
+  s.lim.budget = 4 * kChunkBytes;
+  const uintptr_t a = 1ull << 32, b = 1ull << 33;
+  if (!s.addSegment(a, 4 * kChunkBytes)) return false;
+  if (!s.alloc(a, 2 * kChunkBytes)) return false;
+  if (!s.alloc(a + 2 * kChunkBytes, 2 * kChunkBytes)) return false;
+  if (!s.addSegment(b, 4 * kChunkBytes)) return false;
+  if (!s.alloc(b, 4 * kChunkBytes)) return false;  // evicts all of a (live)
+  CHECK(s.r.counters().evict_bytes == 4 * kChunkBytes, "a was not evicted");
+  if (!s.touch(a)) return false;  // a's first block comes back: not unused
+  if (!s.free(a)) return false;
+  if (!s.free(a + 2 * kChunkBytes)) return false;  // died in host RAM: unused
+  CHECK(s.r.counters().evicted_unused_bytes == 2 * kChunkBytes,
+        "evicted_unused_bytes %llu, expected two chunks",
+        (unsigned long long)s.r.counters().evicted_unused_bytes);
+  return true;
+}
+
 // Inference past the budget: weights read layer by layer, forward after
 // forward. Read-only touches bring them back as duplicates and they leave by
 // dropping the duplicate; nothing is written back.
@@ -565,6 +586,7 @@ int main() {
       {"inference: read-only duplicates", inferenceReadOnly},
       {"cancelled moves: coverage and cuts", cancelledMoveRanges},
       {"a repeated read-only scan keeps a prefix", repeatedScanKeepsAPrefix},
+      {"evicted, then freed unused, is counted", evictedUnusedIsCounted},
   };
   int run = 0;
   for (const Case& c : cases) {

@@ -174,3 +174,25 @@ def test_dataloader_workers_and_pin_memory_with_managed_setting(torch_mod: Any, 
     )
     got = [float(b.to("cuda", non_blocking=True).sum()) for b in loader]
     assert got == [float(i * MiB) for i in range(12)]
+
+
+@pytest.mark.parametrize("how", ["cuda", "to"])
+def test_module_cuda_aliases_managed_parameters_nothing_else_reaches(
+    torch_mod: Any, um: Any, how: str
+) -> None:
+    """No code change: .cuda() / .to("cuda") of a module built inside managed_host() keeps
+    the memory of parameters only the module holds, and copies one that user code also
+    holds (a detached view of it)."""
+    torch.manual_seed(2)
+    with um.managed_host():
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024))
+    twin = copy.deepcopy(model)  # ordinary memory: copied by .cuda() as in stock torch
+    first = model[0].weight
+    ptr = first.data_ptr()
+    held = model[1].weight.detach()  # user code still reaches this storage on the CPU
+    model.cuda() if how == "cuda" else model.to("cuda")
+    assert first is model[0].weight and first.is_cuda and first.data_ptr() == ptr
+    assert model[1].weight.is_cuda and model[1].weight.data_ptr() != held.data_ptr()
+    assert held.device.type == "cpu" and torch.equal(held, twin[1].weight)
+    x = torch.randn(16, 1024, device="cuda")
+    assert torch.equal(model(x), twin.cuda()(x))

@@ -137,6 +137,10 @@ for name, call in (("copy_not_bool", lambda: um.move_(cpu, "cpu", copy=1)),
         move_bad[name] = f"{type(e).__name__}: {e}"
 out["move_bad"] = move_bad
 out["move_same_device"] = um.move_(cpu, "cpu") is cpu and cpu.device.type == "cpu"
+# managed_host() patched Module.to/.cuda; CPU and dtype moves are the stock ones.
+lin = torch.nn.Linear(4, 4)
+out["module_to"] = [str(lin.to("cpu").weight.dtype), str(lin.to(torch.float64).weight.dtype),
+                    torch.nn.Module.to.__doc__ is not None]
 um.reset_peak()
 out["init_at_end"] = torch.cuda.is_initialized()
 print(json.dumps(out))
@@ -249,7 +253,7 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
 def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     stats = api["stats"]
     assert stats["um.enabled"] == 1 and stats["um.policy_lru"] == 1
-    assert len(stats) == 39 and all(isinstance(v, int) for v in stats.values())
+    assert len(stats) == 40 and all(isinstance(v, int) for v in stats.values())
     flags = ("um.enabled", "um.policy_lru")
     assert {k: v for k, v in stats.items() if k not in flags} == dict.fromkeys(
         (k for k in stats if k not in flags), 0
@@ -269,6 +273,7 @@ def test_managed_host_and_move_without_a_gpu(api: dict[str, Any]) -> None:
     assert bad["bad_device"] == "ValueError: unified memory is for CUDA devices, not 'meta'"
     assert bad["autograd"].startswith("ValueError: torch.cuda.um.move_: tensor 0 was computed by")
     assert api["move_same_device"] is True
+    assert api["module_to"] == ["torch.float32", "torch.float64", True]
 
 
 BAD_ENV_PROBE = r"""

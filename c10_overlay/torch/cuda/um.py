@@ -129,6 +129,7 @@ class _Stats(ctypes.Structure):
             "host_alloc_bytes",
             "adopted_bytes",
             "host_fallbacks",
+            "evicted_unused_bytes",
         )
     ]
 
@@ -588,7 +589,39 @@ def _install_host_allocator() -> None:
         err = ctypes.create_string_buffer(_ERRLEN)
         if _engine().torch_um_host_install(err, _ERRLEN) != 0:
             raise RuntimeError(f"torch.cuda.um: {err.value.decode(errors='replace')}")
+        _patch_module_moves()
         _host_installed = True
+
+
+def _patch_module_moves() -> None:
+    """Module.to / .cuda: a module's managed CPU parameters and buffers that nothing
+    outside the module reaches become CUDA tensors over the same memory before the
+    stock method runs, which then finds them in place (and moves the rest, gradients
+    included, as always). Installed with the managed host allocator: before it, no CPU
+    tensor is managed and there is nothing to alias."""
+    from torch.nn import Module
+
+    stock_to, stock_cuda = Module.to, Module.cuda
+
+    def to(self: Module, *args: object, **kwargs: object) -> Module:
+        device, dtype, _non_blocking, fmt = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None and device.type == "cuda" and dtype is None and fmt is None:
+            _alias_module(self, device)
+        return stock_to(self, *args, **kwargs)
+
+    def cuda(self: Module, device: DeviceLike = None) -> Module:
+        _alias_module(self, torch.device("cuda", _device_index(device, allow_host=False)))
+        return stock_cuda(self, device)
+
+    to.__doc__, cuda.__doc__ = stock_to.__doc__, stock_cuda.__doc__
+    Module.to, Module.cuda = to, cuda  # type: ignore[method-assign,unused-ignore]
+
+
+def _alias_module(module: Module, device: torch.device) -> None:
+    index = _device_index(device, allow_host=False)
+    for storage, tensors in _groups(module, index, strict=False):
+        if tensors[0].device.type == "cpu":
+            _alias(storage, tensors, index)  # "" or why not: then the stock move copies
 
 
 class managed_host:
@@ -618,61 +651,73 @@ class managed_host:
         _engine().torch_um_host_scope(-1)
 
 
-def _move_group(
-    tensors: list[torch.Tensor], storage: torch.UntypedStorage, index: int, copy: bool
-) -> bool:
-    """Move tensors that share `storage` to device `index` (HOST: the CPU) in
-    place; True if the memory was aliased, False if copied."""
-    lib = _engine()
+def _alias(storage: torch.UntypedStorage, tensors: list[torch.Tensor], index: int) -> str:
+    """Re-point `tensors` (all of `storage`'s users but one reference) at the same memory
+    seen from device `index` (HOST: the CPU). Returns "" or why that cannot be done."""
     # Each tensor holds one reference to the storage, and `storage` one more:
     # any other means code outside this call can still reach the memory.
     users = torch._C._storage_Use_Count(storage._cdata)
-    sole = users == len(tensors) + 1
-    managed = is_managed(storage)
-    why = ""
-    new_storage: torch.UntypedStorage | None = None
-    if not managed:
-        why = "its memory is not managed (allocate it inside torch.cuda.um.managed_host())"
-    elif not sole:
-        why = (
+    if not is_managed(storage):
+        return "its memory is not managed (allocate it inside torch.cuda.um.managed_host())"
+    if users != len(tensors) + 1:
+        return (
             f"{users - 1 - len(tensors)} other reference(s) to its storage exist outside "
             "this call, which would see the same memory on another device"
         )
-    else:
-        if index == HOST:
-            # CPU reads must see finished GPU work, as after .cpu().
-            torch.cuda.current_stream(storage.device).synchronize()
-        err = ctypes.create_string_buffer(_ERRLEN)
-        raw = lib.torch_um_alias(ctypes.c_void_p(storage._cdata), index, err, _ERRLEN)
-        if not raw:
-            why = err.value.decode(errors="replace")
-        else:
-            capsule = _capsule(raw)
-            new_storage = torch.utils.dlpack.from_dlpack(capsule).untyped_storage()
-            if index == HOST:
-                # Bring the pages to host RAM through the engine's ledger.
-                prefetch_range = (storage.data_ptr(), storage.nbytes())
-                err2 = ctypes.create_string_buffer(_ERRLEN)
-                lib.torch_um_prefetch(
-                    ctypes.c_void_p(prefetch_range[0]),
-                    prefetch_range[1],
-                    HOST,
-                    None,
-                    err2,
-                    _ERRLEN,
-                )
-    if new_storage is None:
-        if not copy:
-            raise ValueError(f"torch.cuda.um.move_: cannot move without a copy: {why}")
-        target = "cpu" if index == HOST else f"cuda:{index}"
-        new_storage = storage.to(device=target)
-    device = new_storage.device
+    lib = _engine()
+    err = ctypes.create_string_buffer(_ERRLEN)
+    if index == HOST:
+        # CPU reads must see finished GPU work, as after .cpu().
+        torch.cuda.current_stream(storage.device).synchronize()
+    raw = lib.torch_um_alias(ctypes.c_void_p(storage._cdata), index, err, _ERRLEN)
+    if not raw:
+        return err.value.decode(errors="replace")
+    alias = torch.utils.dlpack.from_dlpack(_capsule(raw)).untyped_storage()
+    if index == HOST:
+        # Bring the pages to host RAM through the engine's ledger.
+        lib.torch_um_prefetch(
+            ctypes.c_void_p(storage.data_ptr()), storage.nbytes(), HOST, None, err, _ERRLEN
+        )
+    _repoint(tensors, alias)
+    return ""
+
+
+def _repoint(tensors: list[torch.Tensor], storage: torch.UntypedStorage) -> None:
+    """Each tensor, in place, becomes the same view of `storage` it was of its own."""
     with torch.no_grad():
         for t in tensors:
-            view = torch.empty(0, dtype=t.dtype, device=device)
-            view.set_(new_storage, t.storage_offset(), t.size(), t.stride())
+            view = torch.empty(0, dtype=t.dtype, device=storage.device)
+            view.set_(storage, t.storage_offset(), t.size(), t.stride())
             t.data = view
-    return why == ""
+
+
+def _groups(
+    obj: TensorsLike, index: int, strict: bool = True
+) -> list[tuple[torch.UntypedStorage, list[torch.Tensor]]]:
+    """obj's tensors not yet on device `index`, grouped by storage. A tensor that cannot
+    move (not on the CPU or a GPU, or recorded by autograd) raises ValueError, or with
+    `strict` off is left out."""
+    groups: dict[int, tuple[torch.UntypedStorage, list[torch.Tensor]]] = {}
+    seen: set[int] = set()
+    for i, t in enumerate(_tensors(obj)):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        movable = t.device.type in ("cpu", "cuda") and t.grad_fn is None
+        if not movable and not strict:
+            continue
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"torch.cuda.um.move_: tensor {i} is on {t.device}, not cpu or cuda")
+        if t.grad_fn is not None:
+            raise ValueError(
+                f"torch.cuda.um.move_: tensor {i} was computed by autograd ({t.grad_fn.name()}); "
+                "move leaf tensors (parameters, buffers, loaded data)"
+            )
+        here = HOST if t.device.type == "cpu" else int(t.device.index or 0)
+        if here != index:
+            st = t.untyped_storage()
+            groups.setdefault(st._cdata, (st, []))[1].append(t)
+    return list(groups.values())
 
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
@@ -717,26 +762,12 @@ def move_(obj: TensorsLike, device: DeviceLike = "cuda", *, copy: bool = True) -
     if not isinstance(copy, bool):
         raise TypeError(f"copy must be a bool, got {type(copy).__name__}")
     index = _device_index(device, allow_host=True)
-    groups: dict[int, tuple[torch.UntypedStorage, list[torch.Tensor]]] = {}
-    seen: set[int] = set()
-    for i, t in enumerate(_tensors(obj)):
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        if t.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"torch.cuda.um.move_: tensor {i} is on {t.device}, not cpu or cuda")
-        if t.grad_fn is not None:
-            raise ValueError(
-                f"torch.cuda.um.move_: tensor {i} was computed by autograd ({t.grad_fn.name()}); "
-                "move leaf tensors (parameters, buffers, loaded data)"
-            )
-        here = HOST if t.device.type == "cpu" else int(t.device.index or 0)
-        if here == index:
-            continue
-        st = t.untyped_storage()
-        groups.setdefault(st._cdata, (st, []))[1].append(t)
-    for storage, tensors in groups.values():
-        _move_group(tensors, storage, index, copy)
+    for storage, tensors in _groups(obj, index):
+        why = _alias(storage, tensors, index)
+        if why:
+            if not copy:
+                raise ValueError(f"torch.cuda.um.move_: cannot move without a copy: {why}")
+            _repoint(tensors, storage.to(device="cpu" if index == HOST else f"cuda:{index}"))
     return obj
 
 

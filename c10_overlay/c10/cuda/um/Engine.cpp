@@ -582,6 +582,7 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.host_alloc_bytes = host_bytes_;
   s.adopted_bytes = adopted_bytes_;
   s.host_fallbacks = host_fallbacks_;
+  s.evicted_unused_bytes = rc.evicted_unused_bytes;
   return s;
 }
 

@@ -167,6 +167,9 @@ void Residency::link(Segment& seg, size_t i) {
 void Residency::setWhere(Segment& seg, size_t i, Where to) {
   unlink(seg, i);
   seg.chunks[i].where = to;
+  if (to == Where::Device) {
+    seg.chunks[i].evicted_live = false;
+  }
   link(seg, i);
 }
 
@@ -174,6 +177,10 @@ void Residency::setLive(Segment& seg, size_t i, uint32_t live, bool retick) {
   Chunk& c = seg.chunks[i];
   const bool was_dead = seg.dead(i);
   const bool now_dead = seg.tracked && live == 0;
+  if (now_dead && !was_dead && c.evicted_live) {
+    counters_.evicted_unused_bytes += seg.chunkSize(i);
+    c.evicted_live = false;
+  }
   if (!retick && was_dead == now_dead) {
     c.live = live; // same set, same key
     return;
@@ -388,6 +395,7 @@ uint64_t Residency::leave(
          c.evicted_in);
     counters_.evictions += 1;
     counters_.evict_bytes += sz;
+    c.evicted_live = true;
   }
   setWhere(seg, i, Where::Host);
   return sz;

@@ -197,6 +197,10 @@ struct ResidencyCounters {
   uint64_t map_host_bytes = 0; // bytes placed in host RAM without a move
   uint64_t duplicate_bytes = 0; // live bytes brought in as read-only copies
   uint64_t drop_bytes = 0; // read-only copies dropped from the device
+  // Live chunks evicted, then freed before anything brought them back to the
+  // device: an upper bound on what knowing lifetimes could save (evictions
+  // of data that dies in host RAM, or that the GPU read there in place).
+  uint64_t evicted_unused_bytes = 0;
 };
 
 class Residency {
@@ -287,6 +291,8 @@ class Residency {
     bool discarded = false; // pages dropped: must be placed before a write
     bool dup = false; // a read-only duplicate: ReadMostly is set on it
     bool scan = false; // last touched read-only (Note [Scans])
+    // evicted while live and not on the device since (evicted_unused_bytes)
+    bool evicted_live = false;
     uint64_t evicted_in = 0; // eviction batch that last moved it to host
     uint32_t live = 0; // bytes of live blocks in this chunk
     uint64_t tick = 0; // last touch

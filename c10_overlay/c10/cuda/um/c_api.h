@@ -71,6 +71,9 @@ typedef struct TorchUmStats {
   uint64_t host_alloc_bytes;
   uint64_t adopted_bytes;
   uint64_t host_fallbacks;
+  /* Live bytes evicted, then freed before anything brought them back to a
+   * device (Residency.h: ResidencyCounters::evicted_unused_bytes). */
+  uint64_t evicted_unused_bytes;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
