@@ -81,6 +81,19 @@ def worker_result(cmd: list[str], returncode: int, stdout: str, stderr: str = ""
     )
 
 
+def cell(value: float | None, fmt: str) -> str:
+    """``format(value, fmt)`` for a table, or ``-`` in the same width for None."""
+    if value is None:
+        width = re.match(r"\d*", fmt)
+        return "-".rjust(int(width[0] or 0) if width else 0)
+    return format(value, fmt)
+
+
+def last_line(text: str) -> str:
+    """The last line of a worker's error text, for a one-line note."""
+    return (str(text).strip().splitlines() or ["?"])[-1][:200]
+
+
 def run_worker(module: str, args: list[str], pythonpath: str | None, timeout: int) -> Any:
     """Run ``python -m module --worker args`` and return what it emitted."""
     env = dict(os.environ)
@@ -90,6 +103,20 @@ def run_worker(module: str, args: list[str], pythonpath: str | None, timeout: in
     cmd = worker_command(module, args)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     return worker_result(cmd, proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_worker_safely(
+    module: str, args: list[str], pythonpath: str | None, timeout: int, base: dict[str, Any]
+) -> dict[str, Any]:
+    """run_worker, its result over ``base``; a crash or a timeout becomes ``base`` with an
+    ``error``, so that one failed case does not end a benchmark."""
+    try:
+        res: dict[str, Any] = run_worker(module, args, pythonpath, timeout)
+        return {**base, **res}
+    except subprocess.TimeoutExpired:
+        return {**base, "error": f"timed out after {timeout} s"}
+    except (BenchError, json.JSONDecodeError) as e:
+        return {**base, "error": str(e)}
 
 
 def run_rounds(

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from bench.readmostly_probe import GPU, HOST, Array, Location
+from bench.readmostly_probe import GPU, HOST, Array, Location, Runtime
 
 RANGES = 8
 
@@ -36,20 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     free, _ = torch.cuda.mem_get_info()
     total = int(a.gib * (1 << 30)) // RANGES // (2 << 20) * (2 << 20) * RANGES
     assert total < 0.8 * free, "more than 80 % of free GPU memory"
-    rt = ctypes.CDLL("libcudart.so.13")
-    rt.cudaMallocManaged.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_size_t,
-        ctypes.c_uint,
-    ]
-    rt.cudaMemPrefetchAsync.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        Location,
-        ctypes.c_uint,
-        ctypes.c_void_p,
-    ]
-    rt.cudaFree.argtypes = [ctypes.c_void_p]
+    rt = Runtime().rt  # libcudart with its signatures bound
     size = total // RANGES
     ptrs: list[int] = []
     for _ in range(RANGES):

@@ -84,7 +84,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 import traceback
@@ -94,11 +93,13 @@ from typing import Any
 from bench.common import (
     BenchError,
     GiB,
+    cell,
     command_line,
     emit,
+    last_line,
     machine,
     run_main,
-    run_worker,
+    run_worker_safely,
     safe_cap,
     um_module,
     write,
@@ -350,10 +351,6 @@ def _ok(sample: dict[str, Any]) -> bool:
     return "error" not in sample and "skipped" not in sample
 
 
-def _last_line(text: str) -> str:
-    return (str(text).strip().splitlines() or ["?"])[-1][:200]
-
-
 def _gib(value: float | None) -> float | None:
     return None if value is None else round(value / GiB, 4)
 
@@ -409,7 +406,7 @@ def summarize(
         elif any("skipped" in s for s in runs):
             row = {"skipped": next(s["skipped"] for s in runs if "skipped" in s)}
         elif runs:
-            row = {"error": _last_line(next(s["error"] for s in runs if "error" in s))}
+            row = {"error": last_line(next(s["error"] for s in runs if "error" in s))}
         else:
             row = {"error": "not run"}
         row["runs"] = len(runs)
@@ -429,12 +426,6 @@ def summarize(
                     mine, base = row[key], stock.get(key)
                     row[ratio] = round(mine / base, 4) if mine is not None and base else None
     return out
-
-
-def _num(value: float | None, fmt: str) -> str:
-    if value is None:
-        return "-".rjust(int(fmt.split(".")[0] or 0))
-    return format(value, fmt)
 
 
 def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -459,10 +450,10 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
             if row.get("children_peak_rss_gib") is not None:
                 note.append(f"loader workers' peak {row['children_peak_rss_gib']:.2f} GiB")
             lines.append(
-                f"{head}{_num(row['seconds'], '9.3f')}{_num(row['peak_rss_gib'], '10.2f')}"
-                f"{_num(row['delta_gib'], '11.2f')}{_num(row.get('peak_over_stock'), '12.3f')}"
-                f"{_num(row.get('delta_over_stock'), '13.3f')}"
-                f"{_num(row.get('seconds_over_stock'), '9.3f')}  {'; '.join(note)}"
+                f"{head}{cell(row['seconds'], '9.3f')}{cell(row['peak_rss_gib'], '10.2f')}"
+                f"{cell(row['delta_gib'], '11.2f')}{cell(row.get('peak_over_stock'), '12.3f')}"
+                f"{cell(row.get('delta_over_stock'), '13.3f')}"
+                f"{cell(row.get('seconds_over_stock'), '9.3f')}  {'; '.join(note)}"
             )
     return "\n".join(lines)
 
@@ -473,7 +464,7 @@ def describe(s: dict[str, Any]) -> str:
     if "skipped" in s:
         return head + " skipped: " + str(s["skipped"])
     if "error" in s:
-        return head + " ERROR " + _last_line(s["error"])
+        return head + " ERROR " + last_line(s["error"])
     delta = (s["peak_rss_bytes"] - s["base_rss_bytes"]) / GiB
     return (
         head + f" {s['seconds']:.3f} s, peak RSS {s['peak_rss_bytes'] / GiB:.2f} GiB, "
@@ -895,20 +886,17 @@ def worker(scenario: str, mode: str, s: Settings, checkpoint: Path | None) -> No
 # ---------------------------------------------------------------- orchestrator
 
 
-def _safe_worker(
+def _case(
     scenario: str, mode: str, args: list[str], pythonpath: str | None, timeout: int
 ) -> dict[str, Any]:
-    """run_worker, with a crash or a timeout turned into an error sample."""
-    base = {"scenario": scenario, "mode": mode}
-    try:
-        res: dict[str, Any] = run_worker(
-            MODULE, ["--mode", mode, "--scenario", scenario, *args], pythonpath, timeout
-        )
-        return {**base, **res}
-    except subprocess.TimeoutExpired:
-        return {**base, "error": f"timed out after {timeout} s"}
-    except (BenchError, json.JSONDecodeError) as e:
-        return {**base, "error": str(e)}
+    """One worker for one scenario and mode; a crash or a timeout is an error sample."""
+    return run_worker_safely(
+        MODULE,
+        ["--mode", mode, "--scenario", scenario, *args],
+        pythonpath,
+        timeout,
+        {"scenario": scenario, "mode": mode},
+    )
 
 
 def _checkpoint_file(workdir: Path, pythonpath: str | None, timeout: int) -> dict[str, Any]:
@@ -926,7 +914,7 @@ def _checkpoint_file(workdir: Path, pythonpath: str | None, timeout: int) -> dic
             f"{need / GiB:.1f} GiB"
         )
     print(f"writing the checkpoint {path} ...", flush=True)
-    res = _safe_worker("checkpoint", PREPARE, ["--checkpoint", str(path)], pythonpath, timeout)
+    res = _case("checkpoint", PREPARE, ["--checkpoint", str(path)], pythonpath, timeout)
     if "error" in res:
         raise BenchError("writing the checkpoint failed:\n" + str(res["error"]))
     print(f"checkpoint: {res['params']} parameters, {res['bytes'] / GiB:.2f} GiB", flush=True)
@@ -946,7 +934,7 @@ def run_all(
         shift = r % len(plan)
         for scenario, mode in plan[shift:] + plan[:shift]:
             path = paths["stock" if mode == "stock" else "um"]
-            res = _safe_worker(scenario, mode, args, path, timeout)
+            res = _case(scenario, mode, args, path, timeout)
             print(f"round {r + 1}/{rounds} {describe(res)}", flush=True)
             samples.append(res)
     return samples

@@ -88,11 +88,13 @@ from typing import Any
 from bench.common import (
     BenchError,
     GiB,
+    cell,
     command_line,
     emit,
+    last_line,
     machine,
     run_main,
-    run_worker,
+    run_worker_safely,
     safe_cap,
     um_module,
     worker_command,
@@ -237,28 +239,16 @@ def summarize(
     return {"floor_s": floor, "modes": modes}, analysis
 
 
-def _num(value: float | None, fmt: str) -> str:
-    """``format(value, fmt)``, or ``-`` in the same width for None."""
-    width = re.match(r"\d*", fmt)
-    return (
-        format(value, fmt) if value is not None else "-".rjust(int(width[0] or 0) if width else 0)
-    )
-
-
-def _last_line(text: str) -> str:
-    return (str(text).strip().splitlines() or ["?"])[-1][:200]
-
-
 def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> str:
     """The printed table: per mode, seconds, ratios, agreement, and OOM / error notes."""
     f = analysis["floor"]
-    gbs = [_num(f[k] and f[k] / 1e9, ".1f") for k in ("h2d_bytes_per_s", "d2h_bytes_per_s")]
+    gbs = [cell(f[k] and f[k] / 1e9, ".1f") for k in ("h2d_bytes_per_s", "d2h_bytes_per_s")]
     lines = [
         f"{workload}: budget {f['budget_bytes'] / GiB:.2f} GiB, stock peak "
-        f"{_num(f['stock_peak_allocated_bytes'] and f['stock_peak_allocated_bytes'] / GiB, '.2f')}"
-        f" GiB, over budget {_num(f['over_budget_bytes'] and f['over_budget_bytes'] / GiB, '.2f')}"
+        f"{cell(f['stock_peak_allocated_bytes'] and f['stock_peak_allocated_bytes'] / GiB, '.2f')}"
+        f" GiB, over budget {cell(f['over_budget_bytes'] and f['over_budget_bytes'] / GiB, '.2f')}"
         f" GiB, pinned h2d/d2h {gbs[0]}/{gbs[1]} GB/s",
-        f"PCIe floor = {f['formula']} = {_num(summary['floor_s'], '.4f')} s",
+        f"PCIe floor = {f['formula']} = {cell(summary['floor_s'], '.4f')} s",
         f"{'mode':20s}{'step s':>10s}{'first s':>10s}{'/um-static':>12s}{'/um-prev':>10s}"
         f"{'/floor':>9s}"
         f"{'vs stock':>12s}  note",
@@ -268,14 +258,14 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
         if row["oom"]:
             note.append(f"OOM in {row['oom']}/{row['runs']}")
         if row["errors"]:
-            note.append(f"{len(row['errors'])} error(s): " + _last_line(row["errors"][0]))
+            note.append(f"{len(row['errors'])} error(s): " + last_line(row["errors"][0]))
         if not row["runs"]:
             note.append("not run")
         lines.append(
-            f"{mode:20s}{_num(row['seconds'], '10.4f')}{_num(row['first_step_s'], '10.3f')}"
-            f"{_num(row['per_um_static'], '12.3f')}{_num(row['per_um_prev'], '10.3f')}"
-            f"{_num(row['per_floor'], '9.2f')}"
-            f"{_num(row['agreement'], '12.3g')}  {'; '.join(note)}"
+            f"{mode:20s}{cell(row['seconds'], '10.4f')}{cell(row['first_step_s'], '10.3f')}"
+            f"{cell(row['per_um_static'], '12.3f')}{cell(row['per_um_prev'], '10.3f')}"
+            f"{cell(row['per_floor'], '9.2f')}"
+            f"{cell(row['agreement'], '12.3g')}  {'; '.join(note)}"
         )
     return "\n".join(lines)
 
@@ -286,7 +276,7 @@ def describe(s: dict[str, Any]) -> str:
     if s.get("oom"):
         return head + " out of memory"
     if "error" in s:
-        return head + " ERROR " + _last_line(s["error"])
+        return head + " ERROR " + last_line(s["error"])
     if s["mode"] == LINK:
         h2d, d2h = s["h2d_bytes_per_s"] / 1e9, s["d2h_bytes_per_s"] / 1e9
         return head + f" pinned h2d {h2d:.1f} GB/s, d2h {d2h:.1f} GB/s"
@@ -576,19 +566,6 @@ def worker(
 # ---------------------------------------------------------------- orchestrator
 
 
-def _safe_worker(
-    mode: str, args: list[str], pythonpath: str | None, timeout: int
-) -> dict[str, Any]:
-    """run_worker, with a crash or a timeout turned into an error sample."""
-    try:
-        res: dict[str, Any] = run_worker(MODULE, ["--mode", mode, *args], pythonpath, timeout)
-        return res
-    except subprocess.TimeoutExpired:
-        return {"mode": mode, "error": f"timed out after {timeout} s"}
-    except (BenchError, json.JSONDecodeError) as e:
-        return {"mode": mode, "error": str(e)}
-
-
 def run_all(
     workload: str,
     modes: list[str],
@@ -598,13 +575,19 @@ def run_all(
     timeout: int,
 ) -> list[dict[str, Any]]:
     """The link worker once, then every mode once per round, the order rotating."""
-    samples = [_safe_worker(LINK, [workload], paths["stock"], timeout)]
+    samples = [
+        run_worker_safely(
+            MODULE, ["--mode", LINK, workload], paths["stock"], timeout, {"mode": LINK}
+        )
+    ]
     print(describe(samples[0]), flush=True)
     for r in range(rounds):
         shift = r % len(modes)
         for mode in modes[shift:] + modes[:shift]:
             path = paths["prev"] if mode == PREV else paths["um" if mode in UM_MODES else "stock"]
-            res = _safe_worker(mode, [workload, *worker_args], path, timeout)
+            res = run_worker_safely(
+                MODULE, ["--mode", mode, workload, *worker_args], path, timeout, {"mode": mode}
+            )
             res.setdefault("mode", mode)
             print(f"round {r + 1}/{rounds} {describe(res)}", flush=True)
             samples.append(res)

@@ -104,7 +104,7 @@ def test_main_rejects_bad_input_before_running_anything(
     def no_worker(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a worker was started")
 
-    monkeypatch.setattr(host_memory, "run_worker", no_worker)
+    monkeypatch.setattr(common, "run_worker", no_worker)
     with pytest.raises(common.BenchError, match=message):
         host_memory.main(argv)
 
@@ -520,7 +520,7 @@ def test_main_runs_every_case_in_a_worker_and_writes_the_record(
         )
         return {**sample, "machine": {**m, "um_engine": None if opts["--mode"] == "stock" else "e"}}
 
-    monkeypatch.setattr(host_memory, "run_worker", fake)
+    monkeypatch.setattr(common, "run_worker", fake)
     monkeypatch.setattr(sys, "argv", ["x"])
     argv = [
         "--scenarios",
