@@ -108,7 +108,7 @@ from bench.common import (
 MODULE = "bench.host_memory"
 NAME = "host_memory"
 MiB = 1 << 20
-MODES = ("stock", "um-before", "um", "um-move")
+MODES = ("stock", "um-before", "um", "um-move", "um-pin")
 PREPARE = "prepare"  # the worker that writes the checkpoint
 # PYTORCH_CUDA_UM_CONF of each +um mode, set before torch is imported.
 UM_CONF = {
@@ -116,15 +116,17 @@ UM_CONF = {
     "um": "host_alloc:managed",
     # The explicit route: data allocated inside um.managed_host(), then um.move_.
     "um-move": "host_alloc:default",
+    # DataLoader batches page-locked where the workers left them (Note [Pinned in place]).
+    "um-pin": "host_alloc:default,pin_in_place:True",
 }
 CHECKPOINTS = ("checkpoint-fits", "checkpoint-2x", "checkpoint-map-cuda")
 # Scenario: the modes it applies to (um-move has nothing to move in the others).
 SCENARIOS: dict[str, tuple[str, ...]] = {
-    "listing1": MODES,
-    "checkpoint-fits": MODES,
-    "checkpoint-2x": MODES,
+    "listing1": MODES[:4],
+    "checkpoint-fits": MODES[:4],
+    "checkpoint-2x": MODES[:4],
     "checkpoint-map-cuda": ("stock", "um-before", "um"),
-    "dataloader": ("stock", "um-before", "um"),
+    "dataloader": ("stock", "um-before", "um", "um-pin"),
 }
 GROUPS = {"checkpoint": CHECKPOINTS}  # names that stand for several scenarios
 DEFAULT_SCENARIOS = ("listing1", "checkpoint", "dataloader")
@@ -598,12 +600,13 @@ def _setup(torch: Any, mode: str, budget: int | None) -> tuple[Any, dict[str, An
     if um is not None:
         um.configure(enabled=True, max_managed=cap, device_budget=budget)
         conf = um.get_config()
-        want = UM_CONF[mode].partition(":")[2]
-        if conf.get("host_alloc") != want:
-            raise BenchError(
-                f"mode {mode}: the engine reports host_alloc {conf.get('host_alloc')!r}, not "
-                f"{want!r} (a +um torch with issue 9's host_alloc is needed)"
-            )
+        for item in UM_CONF[mode].split(","):
+            key, _, want = item.partition(":")
+            if conf.get(key) != want:
+                raise BenchError(
+                    f"mode {mode}: the engine reports {key} {conf.get(key)!r}, not {want!r} "
+                    "(a +um torch with issue 9's settings is needed)"
+                )
         info.update(cap=cap, um_config=conf)
     return um, info
 

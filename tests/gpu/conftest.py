@@ -109,6 +109,7 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         read_copies=False,
         host_alloc="default",
         host_alloc_min="1MiB",
+        pin_in_place=False,
     )
     torch.cuda.set_per_process_memory_fraction(1.0)
 

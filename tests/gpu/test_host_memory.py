@@ -196,3 +196,24 @@ def test_module_cuda_aliases_managed_parameters_nothing_else_reaches(
     assert held.device.type == "cpu" and torch.equal(held, twin[1].weight)
     x = torch.randn(16, 1024, device="cuda")
     assert torch.equal(model(x), twin.cuda()(x))
+
+
+def test_dataloader_pins_batches_in_place(torch_mod: Any, um: Any) -> None:
+    """pin_in_place: each batch is page-locked where the worker left it (no copy into
+    page-locked buffers), and every batch arrives intact through non-blocking copies."""
+    torch.ones(1, device="cuda")
+    um.configure(pin_in_place=True)
+    before = um._pinned_in_place
+    loader = torch.utils.data.DataLoader(
+        _Batches(),
+        batch_size=None,
+        num_workers=2,
+        pin_memory=True,
+        multiprocessing_context="fork",
+    )
+    got = []
+    for b in loader:
+        assert b.is_pinned()
+        got.append(float(b.to("cuda", non_blocking=True).sum()))
+    assert got == [float(i * MiB) for i in range(12)]
+    assert um._pinned_in_place - before == 12

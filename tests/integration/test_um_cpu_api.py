@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
-    "read_copies, host_alloc, host_alloc_min."
+    "read_copies, host_alloc, host_alloc_min, pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
 RESIDENCY = {
@@ -37,6 +37,7 @@ RESIDENCY = {
     "read_copies": "False",
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
+    "pin_in_place": "False",
 }
 DEFAULTS = {
     "enabled": "True",

@@ -60,9 +60,9 @@ def test_selected_scenarios_expands_checkpoint_and_rejects_unknown_names() -> No
 
 
 def test_selected_modes_and_cases() -> None:
-    assert host_memory.selected_modes(None) == ["stock", "um-before", "um", "um-move"]
+    assert host_memory.selected_modes(None) == ["stock", "um-before", "um", "um-move", "um-pin"]
     assert host_memory.selected_modes("um,stock,um") == ["um", "stock"]
-    with pytest.raises(common.BenchError, match="modes are stock, um-before, um, um-move"):
+    with pytest.raises(common.BenchError, match="modes are stock, um-before, um, um-move, um-pin"):
         host_memory.selected_modes("um-off")
     with pytest.raises(common.BenchError, match="modes are"):
         host_memory.selected_modes("")
@@ -476,19 +476,16 @@ def test_worker_reports_a_missing_torch_as_an_error(
     assert "ModuleNotFoundError" in rec["error"] and rec["peak_rss_bytes"] > 0
 
 
-def test_um_conf_of_each_mode() -> None:
-    assert host_memory.UM_CONF == {
-        "um-before": "host_alloc:default",
-        "um": "host_alloc:managed",
-        "um-move": "host_alloc:default",  # the scope, not the setting
-    }
-    assert set(host_memory.SCENARIOS) == {
-        "listing1",
-        "checkpoint-fits",
-        "checkpoint-2x",
-        "checkpoint-map-cuda",
-        "dataloader",
-    }
+def test_every_um_mode_has_settings_and_every_scenario_known_modes() -> None:
+    # Each +um worker sets PYTORCH_CUDA_UM_CONF from UM_CONF and checks every key of it
+    # against get_config(): a mode without an entry, or an entry that is not key:value
+    # pairs, would fail on the GPU host only.
+    assert set(host_memory.UM_CONF) == set(host_memory.MODES) - {"stock"}
+    for mode, conf in host_memory.UM_CONF.items():
+        pairs = [item.partition(":") for item in conf.split(",")]
+        assert all(key and sep and value for key, sep, value in pairs), mode
+    for scenario, modes in host_memory.SCENARIOS.items():
+        assert modes[0] == "stock" and set(modes) <= set(host_memory.MODES), scenario
 
 
 def test_main_runs_every_case_in_a_worker_and_writes_the_record(

@@ -190,6 +190,7 @@ def _bind(lib: ctypes.CDLL) -> None:
         "torch_um_host_install": (c.c_int, [c.c_char_p, c.c_size_t]),
         "torch_um_host_scope": (c.c_int, [c.c_int]),
         "torch_um_alias": (c.c_void_p, [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]),
+        "torch_um_pin_alias": (c.c_void_p, [c.c_void_p, c.c_char_p, c.c_size_t]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -307,6 +308,7 @@ def configure(
     read_copies: bool | None = None,
     host_alloc: str | None = None,
     host_alloc_min: Size | None = None,
+    pin_in_place: bool | None = None,
 ) -> None:
     """Change the engine's settings for allocations made from now on.
 
@@ -336,6 +338,7 @@ def configure(
         ("discard", discard),
         ("hooks", hooks),
         ("read_copies", read_copies),
+        ("pin_in_place", pin_in_place),
     ):
         if flag is not None:
             if not isinstance(flag, bool):
@@ -355,8 +358,7 @@ def configure(
     err = ctypes.create_string_buffer(_ERRLEN)
     if lib.torch_um_configure(",".join(parts).encode(), err, _ERRLEN) != 0:
         raise ValueError(err.value.decode(errors="replace"))
-    if get_config().get("host_alloc") == "managed":
-        _install_host_allocator()
+    _apply_host_settings()
 
 
 def set_device_budget(budget: Size) -> None:
@@ -591,6 +593,67 @@ def _install_host_allocator() -> None:
             raise RuntimeError(f"torch.cuda.um: {err.value.decode(errors='replace')}")
         _patch_module_moves()
         _host_installed = True
+
+
+def _apply_host_settings() -> None:
+    """The Python side of host_alloc and pin_in_place, after a configure() or at CUDA
+    initialisation."""
+    global _pin_on, _pin_min
+    conf = get_config()
+    if conf.get("host_alloc") == "managed":
+        _install_host_allocator()
+    _pin_min = int(conf.get("host_alloc_min", 1 << 20))
+    _pin_on = conf.get("pin_in_place") == "True"
+    if _pin_on:
+        _patch_pin_memory()
+
+
+# Note [Pinned in place] (HostAllocator.h). Read by the DataLoader's pin thread.
+_pin_on = False
+_pin_min = 1 << 20
+_pin_patched = False
+_pinned_in_place = 0  # batches pinned where they lay (tests read it)
+
+
+def _pin_in_place(t: torch.Tensor) -> torch.Tensor | None:
+    """t's storage page-locked where it lies, as a CPU view of the same memory; None
+    when it is small, already pinned, or cudaHostRegister refuses (then the stock copy)."""
+    global _pinned_in_place
+    st = t.untyped_storage()
+    if st.nbytes() < _pin_min or t.is_pinned():
+        return None
+    err = ctypes.create_string_buffer(_ERRLEN)
+    raw = _engine().torch_um_pin_alias(ctypes.c_void_p(st._cdata), err, _ERRLEN)
+    if not raw:
+        return None
+    alias = torch.utils.dlpack.from_dlpack(_capsule(raw)).untyped_storage()
+    view = torch.empty(0, dtype=t.dtype)
+    view.set_(alias, t.storage_offset(), t.size(), t.stride())
+    _pinned_in_place += 1
+    return view
+
+
+def _patch_pin_memory() -> None:
+    """DataLoader(pin_memory=True): while pin_in_place is on, each CPU tensor of a batch
+    is page-locked in place instead of copied (the loader's pin thread calls this
+    module's pin_memory for every tensor of a batch)."""
+    global _pin_patched
+    with _host_lock:
+        if _pin_patched:
+            return
+        from torch.utils.data._utils import pin_memory as loader_pin
+
+        stock = loader_pin.pin_memory
+
+        def pin_memory(data: object, device: object = None) -> object:
+            if _pin_on and isinstance(data, torch.Tensor) and data.device.type == "cpu":
+                pinned = _pin_in_place(data)
+                if pinned is not None:
+                    return pinned
+            return stock(data, device)
+
+        loader_pin.pin_memory = pin_memory
+        _pin_patched = True
 
 
 def _patch_module_moves() -> None:
@@ -931,8 +994,7 @@ def _attach() -> None:
         _drop_expandable_segments()
         if is_enabled():
             _watch_pressure()
-            if get_config().get("host_alloc") == "managed":
-                _install_host_allocator()
+            _apply_host_settings()
 
 
 def _expandable_requested() -> bool:

@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 
 using c10::cuda::um::Engine;
@@ -60,10 +61,40 @@ struct Alias {
   DLManagedTensor managed{};
   int64_t shape[1] = {0};
   c10::intrusive_ptr<c10::StorageImpl> owner;
+  int pinned_on = -1; // Note [Pinned in place]: the device to wait for
 };
 
 void deleteAlias(DLManagedTensor* self) {
-  delete static_cast<Alias*>(self->manager_ctx);
+  auto* a = static_cast<Alias*>(self->manager_ctx);
+  if (a->pinned_on >= 0) {
+    auto owner = std::make_shared<c10::intrusive_ptr<c10::StorageImpl>>(
+        std::move(a->owner));
+    c10::cuda::um::unpinLater(
+        a->managed.dl_tensor.data, a->pinned_on, [owner] { owner->reset(); });
+  }
+  delete a;
+}
+
+// A uint8 DLPack record of `nbytes` at `data` on (device_type, device_id).
+Alias* makeAlias(
+    c10::intrusive_ptr<c10::StorageImpl> owner,
+    void* data,
+    size_t nbytes,
+    DLDevice where) {
+  auto* a = new Alias();
+  a->owner = std::move(owner);
+  a->shape[0] = static_cast<int64_t>(nbytes);
+  DLTensor& t = a->managed.dl_tensor;
+  t.data = data;
+  t.device = where;
+  t.ndim = 1;
+  t.dtype = DLDataType{1, 8, 1};
+  t.shape = a->shape;
+  t.strides = nullptr; // compact
+  t.byte_offset = 0;
+  a->managed.manager_ctx = a;
+  a->managed.deleter = &deleteAlias;
+  return a;
 }
 
 } // namespace
@@ -114,19 +145,44 @@ TORCH_UM_API void* torch_um_alias(
         return nullptr;
       }
     }
-    auto* a = new Alias();
-    a->owner = std::move(owner);
-    a->shape[0] = static_cast<int64_t>(nbytes);
-    DLTensor& t = a->managed.dl_tensor;
-    t.data = data;
-    t.device = device >= 0 ? DLDevice{2, device} : DLDevice{1, 0};
-    t.ndim = 1;
-    t.dtype = DLDataType{1, 8, 1};
-    t.shape = a->shape;
-    t.strides = nullptr; // compact
-    t.byte_offset = 0;
-    a->managed.manager_ctx = a;
-    a->managed.deleter = &deleteAlias;
+    Alias* a = makeAlias(
+        std::move(owner), data, nbytes,
+        device >= 0 ? DLDevice{2, device} : DLDevice{1, 0});
+    return &a->managed;
+  } catch (const c10::Error& e) {
+    fail(err, errlen, e.what_without_backtrace());
+    return nullptr;
+  }
+}
+
+TORCH_UM_API void* torch_um_pin_alias(
+    void* storage_impl,
+    char* err,
+    size_t errlen) {
+  if (storage_impl == nullptr) {
+    fail(err, errlen, "pin_alias: bad argument");
+    return nullptr;
+  }
+  try {
+    auto owner = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
+        static_cast<c10::StorageImpl*>(storage_impl));
+    void* data = owner->data_ptr().get();
+    const size_t nbytes = owner->nbytes();
+    int device = 0;
+    if (data == nullptr || nbytes == 0 ||
+        owner->device().type() != c10::DeviceType::CPU ||
+        cudaGetDevice(&device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(err, errlen, "pin_alias: not a non-empty CPU storage, or no CUDA device");
+      return nullptr;
+    }
+    std::string why = c10::cuda::um::pinInPlace(data, nbytes);
+    if (!why.empty()) {
+      fail(err, errlen, why);
+      return nullptr;
+    }
+    Alias* a = makeAlias(std::move(owner), data, nbytes, DLDevice{1, 0});
+    a->pinned_on = device;
     return &a->managed;
   } catch (const c10::Error& e) {
     fail(err, errlen, e.what_without_backtrace());

@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
-    "discard, hooks, read_copies, host_alloc, host_alloc_min";
+    "discard, hooks, read_copies, host_alloc, host_alloc_min, pin_in_place";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -169,6 +169,8 @@ std::string Config::str() const {
   s += ",host_alloc:";
   s += host_alloc_managed ? "managed" : "default";
   s += ",host_alloc_min:" + std::to_string(host_alloc_min);
+  s += ",pin_in_place:";
+  s += pin_in_place ? "True" : "False";
   return s;
 }
 
@@ -204,6 +206,8 @@ Config parseConfig(
       cfg.hooks = parseBool(key, value, source);
     } else if (key == "discard") {
       cfg.discard = parseBool(key, value, source);
+    } else if (key == "pin_in_place") {
+      cfg.pin_in_place = parseBool(key, value, source);
     } else if (key == "read_copies") {
       cfg.read_copies = parseBool(key, value, source);
     } else if (key == "policy") {

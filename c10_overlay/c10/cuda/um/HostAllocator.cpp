@@ -3,7 +3,13 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/cuda/um/Engine.h>
 
+#include <cuda_runtime_api.h>
+
+#include <condition_variable>
+#include <deque>
 #include <mutex>
+#include <thread>
+#include <utility>
 
 namespace c10::cuda::um {
 namespace {
@@ -54,6 +60,79 @@ std::string installHostAllocator() {
            "managed host memory is not available in this process";
   }
   return "";
+}
+
+namespace {
+
+struct Unpin {
+  void* ptr;
+  int device;
+  std::function<void()> release;
+};
+
+// The background thread of Note [Pinned in place]; leaked on purpose, like
+// the engine (storages may die during interpreter shutdown).
+class Unpinner {
+ public:
+  void push(Unpin u) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!started_) {
+        started_ = true;
+        std::thread([this] { loop(); }).detach();
+      }
+      queue_.push_back(std::move(u));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::deque<Unpin> batch;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !queue_.empty(); });
+        batch.swap(queue_);
+      }
+      int synced = -1;
+      for (Unpin& u : batch) {
+        if (u.device != synced && cudaSetDevice(u.device) == cudaSuccess) {
+          (void)cudaDeviceSynchronize(); // copies queued before the drop finish
+          synced = u.device;
+        }
+        if (cudaHostUnregister(u.ptr) != cudaSuccess) {
+          (void)cudaGetLastError();
+        }
+        u.release();
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Unpin> queue_;
+  bool started_ = false;
+};
+
+Unpinner& unpinner() {
+  static Unpinner* u = new Unpinner();
+  return *u;
+}
+
+} // namespace
+
+std::string pinInPlace(void* ptr, size_t size) {
+  cudaError_t e = cudaHostRegister(ptr, size, cudaHostRegisterDefault);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("cudaHostRegister failed: ") + cudaGetErrorString(e);
+  }
+  return "";
+}
+
+void unpinLater(void* ptr, int device, std::function<void()> release) {
+  unpinner().push(Unpin{ptr, device, std::move(release)});
 }
 
 int hostScope(int delta) {

@@ -30,6 +30,7 @@
 
 #include <c10/core/Allocator.h>
 
+#include <functional>
 #include <string>
 
 namespace c10::cuda::um {
@@ -43,6 +44,26 @@ class ManagedHostAllocator final : public c10::Allocator {
  private:
   c10::Allocator* fallback_;
 };
+
+// Note [Pinned in place]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// DataLoader batches reach the main process in shared memory from the
+// workers, and pin_memory=True copies each into a page-locked buffer: a
+// second host copy of every batch in flight. Managed memory cannot replace
+// either buffer (a fork()ed worker cannot use it). With pin_in_place, the
+// batch is page-locked where it lies (cudaHostRegister) and handed on as a
+// CPU alias that holds its storage; nothing is copied. The alias dies when
+// the training loop drops the batch, maybe while an asynchronous copy from
+// it is still running (torch records no event for pinned memory it did not
+// allocate), so the range is unregistered and the storage released by a
+// background thread after the device has finished the work queued so far.
+
+// Page-locks [ptr, ptr+size) in place; "" or why it could not.
+std::string pinInPlace(void* ptr, size_t size);
+// Hands a range pinned by pinInPlace back: once `device` has finished the
+// work queued so far, a background thread unregisters it and then calls
+// `release` (which drops the storage). Thread-safe.
+void unpinLater(void* ptr, int device, std::function<void()> release);
 
 // Registers ManagedHostAllocator as the CPU allocator, wrapping the one in
 // place. Returns "" or why it could not (another CPU allocator registered

@@ -183,6 +183,14 @@ TORCH_UM_API void* torch_um_alias(
     char* err,
     size_t errlen);
 
+/* Note [Pinned in place] (HostAllocator.h): page-locks the memory of the CPU
+ * c10::StorageImpl `storage_impl` where it lies (cudaHostRegister) and
+ * returns a DLPack DLManagedTensor* (as torch_um_alias) over it that holds
+ * the storage. When torch drops it, a background thread waits for the
+ * current device's queued work, unregisters the range and releases the
+ * storage. Returns NULL with a message in err. */
+TORCH_UM_API void* torch_um_pin_alias(void* storage_impl, char* err, size_t errlen);
+
 /* Source path: attach the engine to the caching allocator's block events
  * (its trace tracker). Call once CUDA is initialised; the injection path
  * attaches through torch_um_inject_attach instead. Returns 0, or -1 with a
