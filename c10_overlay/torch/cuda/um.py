@@ -130,6 +130,8 @@ class _Stats(ctypes.Structure):
             "adopted_bytes",
             "host_fallbacks",
             "evicted_unused_bytes",
+            "evictor_wait_ns",
+            "evict_ranges",
         )
     ]
 

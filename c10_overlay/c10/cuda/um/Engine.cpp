@@ -583,6 +583,8 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.adopted_bytes = adopted_bytes_;
   s.host_fallbacks = host_fallbacks_;
   s.evicted_unused_bytes = rc.evicted_unused_bytes;
+  s.evictor_wait_ns = ex.evictor_wait_nanoseconds;
+  s.evict_ranges = ex.evict_ranges;
   return s;
 }
 

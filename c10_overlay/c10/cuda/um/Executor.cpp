@@ -177,6 +177,12 @@ void Executor::evictorLoop() {
         e = cudaStreamSynchronize(side_stream);
       }
     }
+    evictor_wait_ns_.fetch_add(
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - t0)
+                                  .count()),
+        kRelaxed);
+    evict_ranges_.fetch_add(job.ptrs.size(), kRelaxed);
     {
       std::lock_guard<std::mutex> lock(s.mu);
       if (e == cudaSuccess && !ensureSide(s, job.device)) {
@@ -470,7 +476,7 @@ void Executor::run(
 ExecutorCounters Executor::counters() const {
   return ExecutorCounters{
       calls_.load(), failures_.load(), ns_.load(), evictor_ns_.load(),
-      cancelled_bytes_.load()};
+      cancelled_bytes_.load(), evictor_wait_ns_.load(), evict_ranges_.load()};
 }
 
 } // namespace c10::cuda::um

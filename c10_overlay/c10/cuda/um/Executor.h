@@ -52,6 +52,11 @@ struct ExecutorCounters {
   uint64_t nanoseconds = 0; // host time spent issuing, in the caller
   uint64_t evictor_nanoseconds = 0; // host time of the evictor thread
   uint64_t cancelled_bytes = 0; // queued moves called off (Note [Cancelled moves])
+  // Of evictor_nanoseconds, the part spent waiting on the host for a job's
+  // stream to reach it before issuing; and the ranges the evictor issued
+  // (one batch entry each): how it spends its time and how large its calls are.
+  uint64_t evictor_wait_nanoseconds = 0;
+  uint64_t evict_ranges = 0;
 };
 
 class Executor {
@@ -191,6 +196,8 @@ class Executor {
   std::atomic<uint64_t> ns_{0};
   std::atomic<uint64_t> evictor_ns_{0};
   std::atomic<uint64_t> cancelled_bytes_{0};
+  std::atomic<uint64_t> evictor_wait_ns_{0};
+  std::atomic<uint64_t> evict_ranges_{0};
 };
 
 } // namespace c10::cuda::um

@@ -74,6 +74,10 @@ typedef struct TorchUmStats {
   /* Live bytes evicted, then freed before anything brought them back to a
    * device (Residency.h: ResidencyCounters::evicted_unused_bytes). */
   uint64_t evicted_unused_bytes;
+  /* The evictor thread: its host time waiting for a job's stream before
+   * issuing it (part of evictor_ns), and the ranges it issued. */
+  uint64_t evictor_wait_ns;
+  uint64_t evict_ranges;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
