@@ -5,7 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include <condition_variable>
+#include <semaphore.h>
+
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -79,21 +80,24 @@ class Unpinner {
       std::lock_guard<std::mutex> lock(mu_);
       if (!started_) {
         started_ = true;
+        sem_init(&ready_, 0, 0);
         std::thread([this] { loop(); }).detach();
       }
       queue_.push_back(std::move(u));
     }
-    cv_.notify_one();
+    sem_post(&ready_);
   }
 
  private:
   void loop() {
     for (;;) {
       std::deque<Unpin> batch;
+      while (sem_wait(&ready_) != 0) {
+        // EINTR: wait again
+      }
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return !queue_.empty(); });
-        batch.swap(queue_);
+        std::lock_guard<std::mutex> lock(mu_);
+        batch.swap(queue_); // may be empty: an earlier wake took this item
       }
       int synced = -1;
       for (Unpin& u : batch) {
@@ -109,8 +113,10 @@ class Unpinner {
     }
   }
 
+  // A POSIX semaphore, as the evictor's: std::condition_variable::wait would
+  // raise the wheel's platform tag (GLIBCXX_3.4.30 with GCC 12: manylinux_2_35).
   std::mutex mu_;
-  std::condition_variable cv_;
+  sem_t ready_;
   std::deque<Unpin> queue_;
   bool started_ = false;
 };
