@@ -160,18 +160,19 @@ class _Batches(torch.utils.data.Dataset):  # type: ignore[misc]
         return torch.full((1 * MiB,), float(i))  # 4 MiB: qualifies for managed memory
 
 
+def _loader() -> Any:
+    """Two fork()ed workers, pin_memory=True: the loader every DataLoader test runs."""
+    return torch.utils.data.DataLoader(
+        _Batches(), batch_size=None, num_workers=2, pin_memory=True, multiprocessing_context="fork"
+    )
+
+
 def test_dataloader_workers_and_pin_memory_with_managed_setting(torch_mod: Any, um: Any) -> None:
     """Forked workers allocate their batches as ordinary memory (the engine declines
     in a child process), the pin thread pins them, and every batch arrives intact."""
     torch.ones(1, device="cuda")
     um.configure(host_alloc="managed")
-    loader = torch.utils.data.DataLoader(
-        _Batches(),
-        batch_size=None,
-        num_workers=2,
-        pin_memory=True,
-        multiprocessing_context="fork",
-    )
+    loader = _loader()
     got = [float(b.to("cuda", non_blocking=True).sum()) for b in loader]
     assert got == [float(i * MiB) for i in range(12)]
 
@@ -204,13 +205,7 @@ def test_dataloader_pins_batches_in_place(torch_mod: Any, um: Any) -> None:
     torch.ones(1, device="cuda")
     um.configure(pin_in_place=True)
     before = um._pinned_in_place
-    loader = torch.utils.data.DataLoader(
-        _Batches(),
-        batch_size=None,
-        num_workers=2,
-        pin_memory=True,
-        multiprocessing_context="fork",
-    )
+    loader = _loader()
     got = []
     for b in loader:
         assert b.is_pinned()

@@ -97,6 +97,22 @@ Alias* makeAlias(
   return a;
 }
 
+// The storage behind a torch.UntypedStorage._cdata handle, with a reference
+// of our own, and its memory.
+struct Storage {
+  c10::intrusive_ptr<c10::StorageImpl> owner;
+  void* data;
+  size_t nbytes;
+};
+
+Storage storageOf(void* storage_impl) {
+  auto owner = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
+      static_cast<c10::StorageImpl*>(storage_impl));
+  void* data = owner->data_ptr().get();
+  const size_t nbytes = owner->nbytes();
+  return {std::move(owner), data, nbytes};
+}
+
 } // namespace
 
 extern "C" {
@@ -124,12 +140,9 @@ TORCH_UM_API void* torch_um_alias(
     return nullptr;
   }
   try {
-    auto owner = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
-        static_cast<c10::StorageImpl*>(storage_impl));
-    void* data = owner->data_ptr().get();
-    const size_t nbytes = owner->nbytes();
+    Storage st = storageOf(storage_impl);
     Engine& engine = Engine::get();
-    if (data == nullptr || !engine.isManaged(data)) {
+    if (st.data == nullptr || !engine.isManaged(st.data)) {
       fail(err, errlen,
            "the storage is not managed memory (a CPU tensor is when it was "
            "allocated inside torch.cuda.um.managed_host() or with "
@@ -139,14 +152,14 @@ TORCH_UM_API void* torch_um_alias(
     if (device >= 0) {
       const auto dev = static_cast<c10::DeviceIndex>(device);
       std::string why = engine.adoptHost(
-          data, device, c10::cuda::getCurrentCUDAStream(dev).stream());
+          st.data, device, c10::cuda::getCurrentCUDAStream(dev).stream());
       if (!why.empty()) {
         fail(err, errlen, "cannot move to cuda:" + std::to_string(device) + ": " + why);
         return nullptr;
       }
     }
     Alias* a = makeAlias(
-        std::move(owner), data, nbytes,
+        std::move(st.owner), st.data, st.nbytes,
         device >= 0 ? DLDevice{2, device} : DLDevice{1, 0});
     return &a->managed;
   } catch (const c10::Error& e) {
@@ -164,24 +177,21 @@ TORCH_UM_API void* torch_um_pin_alias(
     return nullptr;
   }
   try {
-    auto owner = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
-        static_cast<c10::StorageImpl*>(storage_impl));
-    void* data = owner->data_ptr().get();
-    const size_t nbytes = owner->nbytes();
+    Storage st = storageOf(storage_impl);
     int device = 0;
-    if (data == nullptr || nbytes == 0 ||
-        owner->device().type() != c10::DeviceType::CPU ||
+    if (st.data == nullptr || st.nbytes == 0 ||
+        st.owner->device().type() != c10::DeviceType::CPU ||
         cudaGetDevice(&device) != cudaSuccess) {
       (void)cudaGetLastError();
       fail(err, errlen, "pin_alias: not a non-empty CPU storage, or no CUDA device");
       return nullptr;
     }
-    std::string why = c10::cuda::um::pinInPlace(data, nbytes);
+    std::string why = c10::cuda::um::pinInPlace(st.data, st.nbytes);
     if (!why.empty()) {
       fail(err, errlen, why);
       return nullptr;
     }
-    Alias* a = makeAlias(std::move(owner), data, nbytes, DLDevice{1, 0});
+    Alias* a = makeAlias(std::move(st.owner), st.data, st.nbytes, DLDevice{1, 0});
     a->pinned_on = device;
     return &a->managed;
   } catch (const c10::Error& e) {

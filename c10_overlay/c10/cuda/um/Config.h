@@ -60,9 +60,10 @@ struct Config {
   // managed memory of their parent.
   bool host_alloc_managed = false;
   uint64_t host_alloc_min = 1ull << 20;
-  // DataLoader pin_memory=True page-locks each batch where it lies
-  // (cudaHostRegister) instead of copying it into page-locked buffers (Note
-  // [Pinned in place], HostAllocator.h). Off by default: see the Note.
+  // DataLoader pin_memory=True page-locks each batch tensor of at least
+  // host_alloc_min bytes where it lies (cudaHostRegister) instead of copying
+  // it into page-locked buffers (Note [Pinned in place], HostAllocator.h).
+  // Off by default: see the Note.
   bool pin_in_place = false;
 
   // Canonical "key:value,..." form of every setting.

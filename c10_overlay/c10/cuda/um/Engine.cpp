@@ -397,14 +397,10 @@ void* Engine::allocHost(size_t size) {
   bool declined = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!cfg_.enabled ||
+    declined = !cfg_.enabled ||
         !probe(static_cast<c10::DeviceIndex>(device), warning).managed_supported ||
-        cap_.refuse(cfg_, ledger(static_cast<c10::DeviceIndex>(device)), size)) {
-      declined = true;
-    } else {
-      const uint64_t avail = availableHostBytes();
-      declined = avail != UINT64_MAX && avail < size + cfg_.host_headroom;
-    }
+        cap_.refuse(cfg_, ledger(static_cast<c10::DeviceIndex>(device)), size) ||
+        !headroom_.fits(cfg_, size);
     if (declined) {
       ++host_fallbacks_;
     } else {

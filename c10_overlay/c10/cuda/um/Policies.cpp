@@ -30,11 +30,10 @@ std::optional<std::string> HostHeadroom::refuse(
   }
   const uint64_t to_host =
       std::min<uint64_t>(size, after - ledger.device_budget_bytes);
-  const uint64_t host_available = availableHostBytes();
-  if (host_available >= cfg.host_headroom &&
-      host_available - cfg.host_headroom >= to_host) {
+  if (fits(cfg, to_host)) {
     return std::nullopt;
   }
+  const uint64_t host_available = availableHostBytes();
   return "host_headroom: a " + formatBytes(size) + " segment puts " +
       formatBytes(to_host) +
       " past the device budget into host RAM, which has " +
@@ -42,6 +41,12 @@ std::optional<std::string> HostHeadroom::refuse(
       formatBytes(cfg.host_headroom) +
       " free. Lower host_headroom in PYTORCH_CUDA_UM_CONF, raise "
       "device_budget, or free host memory.";
+}
+
+bool HostHeadroom::fits(const Config& cfg, uint64_t to_host) const {
+  const uint64_t host_available = availableHostBytes();
+  return host_available >= cfg.host_headroom &&
+      host_available - cfg.host_headroom >= to_host;
 }
 
 } // namespace c10::cuda::um

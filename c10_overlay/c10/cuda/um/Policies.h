@@ -37,6 +37,9 @@ class HostHeadroom {
       const Config& cfg,
       const Ledger& ledger,
       size_t size) const;
+  // The same rule for bytes that go to host RAM whatever the budget (managed
+  // host memory for CPU tensors, Note [Managed host memory]).
+  bool fits(const Config& cfg, uint64_t to_host) const;
 };
 
 } // namespace c10::cuda::um
