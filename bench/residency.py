@@ -297,6 +297,11 @@ def describe(s: dict[str, Any]) -> str:
         line += " | " + ", ".join(f"{k} {v:.1f} GB" for k, v in gb.items())
         line += f", executor {st.get('um.executor_ns', 0) / 1e9:.2f} s"
         line += f", failures {st.get('um.executor_failures', 0)}"
+    timed = s.get("phases", [])[s.get("warmup", 0) :]
+    if timed:
+        line += " | phases " + ", ".join(
+            f"{p} {statistics.median(step[p]['s'] for step in timed):.3f} s" for p in timed[0]
+        )
     return line
 
 
@@ -398,8 +403,52 @@ def _link_worker(torch: Any) -> dict[str, Any]:
     }
 
 
+# Engine counters kept per phase with --phases (um.<key>, differences over the phase).
+PHASE_COUNTERS = (
+    "evict_bytes",
+    "discard_bytes",
+    "touch_prefetch_bytes",
+    "reuse_bytes",
+    "cancelled_bytes",
+    "executor_ns",
+    "evictor_ns",
+    "evictor_wait_ns",
+)
+
+
+class _PhaseClock:
+    """Seconds and engine-counter differences per phase of a training step (--phases)."""
+
+    def __init__(self, torch: Any, um: Any) -> None:
+        self.torch, self.um = torch, um
+        self.steps: list[dict[str, Any]] = []
+
+    def _counters(self) -> dict[str, int]:
+        if self.um is None:
+            return {}
+        st = self.um.stats()
+        return {k: int(st.get(f"um.{k}", 0)) for k in PHASE_COUNTERS}
+
+    def start(self) -> None:
+        self.t, self.c = time.perf_counter(), self._counters()
+        self.steps.append({})
+
+    def __call__(self, phase: str) -> None:
+        self.torch.cuda.synchronize()
+        t, c = time.perf_counter(), self._counters()
+        self.steps[-1][phase] = {"s": t - self.t, **{k: c[k] - self.c[k] for k in c}}
+        self.t, self.c = t, c
+
+
 def _run(
-    torch: Any, mode: str, workload: str, steps: int, warmup: int, budget: int, rank: int = 0
+    torch: Any,
+    mode: str,
+    workload: str,
+    steps: int,
+    warmup: int,
+    budget: int,
+    rank: int = 0,
+    phases: bool = False,
 ) -> Any:
     """Set up the mode, run WARMUP + STEPS steps, return the worker's record fields
     (ddp: of one rank, on GPU ``rank``)."""
@@ -444,7 +493,7 @@ def _run(
         info["device_map"] = {k: str(v) for k, v in device_map.items()}
     else:
         model = model.to("cuda")
-    if dist is not None:
+    if workload == "ddp":  # fsdp2-offload-ckpt sets up torch.distributed too, for FSDP2
         ddp = importlib.import_module("torch.nn.parallel")
         model = ddp.DistributedDataParallel(model, device_ids=[rank], gradient_as_bucket_view=True)
     ids = ids_cpu.to("cuda")
@@ -452,16 +501,32 @@ def _run(
     times: list[float] = []
     if workload in TRAINING:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        # --phases: the device is synchronised after the forward and after the backward
+        # too, and each phase's seconds and engine counters are kept (where a step's time
+        # goes; the extra synchronisations cost little against a step, but the timed
+        # medians of a run with phases are not compared with one without).
+        mark = _PhaseClock(torch, um) if phases else None
         for _ in range(warmup + steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
+            if mark:
+                mark.start()
             opt.zero_grad(set_to_none=True)
             loss = model(ids, labels=ids).loss
+            if mark:
+                mark("forward")
             loss.backward()
+            if mark:
+                mark("backward")
             opt.step()
+            if mark:
+                mark("optimizer")
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             values.append(float(loss.detach().float()))
+        if mark:
+            info["phases"] = mark.steps
+        info["warmup"] = warmup
     else:
         with torch.inference_mode():
             for _ in range(warmup + steps):
@@ -537,7 +602,13 @@ def _ddp_launch(mode: str, steps: int, warmup: int, budget: int, timeout: int) -
 
 
 def worker(
-    mode: str, workload: str, steps: int, warmup: int, budget: int, rank: int | None = None
+    mode: str,
+    workload: str,
+    steps: int,
+    warmup: int,
+    budget: int,
+    rank: int | None = None,
+    phases: bool = False,
 ) -> None:
     """One measurement; always emits one record (an OOM or an error included). ddp without
     a rank: launch the ranks and emit their merged record."""
@@ -552,7 +623,7 @@ def worker(
         if mode == LINK:
             fields = _link_worker(torch)
         else:
-            fields = _run(torch, mode, workload, steps, warmup, budget, rank or 0)
+            fields = _run(torch, mode, workload, steps, warmup, budget, rank or 0, phases)
         fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         emit({**base, **fields})
     except Exception as e:  # the orchestrator reports every failure
@@ -631,6 +702,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     ap.add_argument("--budget", default=None, help="device budget (train 8GiB, infer 2GiB)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per worker")
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="train: also time forward, backward and optimizer, with engine counters each",
+    )
     ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
     ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
     ap.add_argument(
@@ -640,12 +716,16 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload]) // 4096 * 4096
     if a.worker:
-        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank)
+        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank, a.phases)
         return 0
     modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
         raise BenchError("--rounds and --steps must be at least 1, --warmup at least 0")
     worker_args = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--budget", str(budget)]
+    if a.phases:
+        if a.workload != "train":
+            raise BenchError("--phases times the phases of a training step: workload train")
+        worker_args.append("--phases")
     paths = {"stock": a.stock_pythonpath, "um": a.um_pythonpath, "prev": a.prev_pythonpath}
     samples = run_all(a.workload, modes, worker_args, a.rounds, paths, a.timeout)
     settings = {
@@ -657,6 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         "budget_bytes": budget,
         "batch": list(BATCH[a.workload]),
         "link_bytes": LINK_BYTES,
+        "phases": a.phases,
     }
     rec = record(a.workload, samples, settings)
     print("\n" + table(a.workload, rec["summary"], rec["analysis"]))

@@ -2,6 +2,7 @@
 # GPU suite of the injection path, run on the GPU host in the repository root.
 #
 #   bash tests/gpu/run_on_device.sh            # carry: .device/inject
+#   bash tests/gpu/run_on_device.sh -k spill   # extra arguments go to pytest
 #
 # The host has no network and a stock torch 2.11.0+cu130 for `python3`. This
 # script stages that torch exactly as the torch-2.11.0+um wheel has it (its
@@ -95,7 +96,8 @@ print("config", torch.cuda.um.get_config())
 EOF
 
 timeout -k 10 500 "$PY" -m pytest tests/gpu -v -rA -s -p no:cacheprovider \
-  --junitxml="$OUT/junit.xml" -o junit_family=xunit2 --durations=15 2>&1 | tee "$OUT/pytest.log"
+  --junitxml="$OUT/junit.xml" -o junit_family=xunit2 --durations=15 "$@" 2>&1 \
+  | tee "$OUT/pytest.log"
 rc=${PIPESTATUS[0]}
 echo "pytest exit code: $rc" | tee -a "$OUT/pytest.log"
 exit "$rc"
