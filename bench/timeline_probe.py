@@ -1,0 +1,190 @@
+"""Where a training step's GPU time goes past the budget: the kernels' own time against
+stock's, and how long the compute stream sits idle (issue 8: is a step bound by transfers,
+by kernels reading host RAM in place, or by a compute thread that cannot run ahead?).
+
+    python -m bench.timeline_probe --mode um [--workload train|infer] [--steps 3] [--budget B]
+    python -m bench.timeline_probe --mode stock                 # the same on stock torch
+
+Runs bench.residency's train workload (the 1.28 B GPT-2, AdamW, batch 4 x 1024) or its infer
+workload (a forward of batch 8 x 512 under inference_mode) with the settings of its ``um``
+mode (default budget 8 GiB / 2 GiB, total-managed cap at 80 % of free memory), warms up, then
+records ``--steps`` steps with torch.profiler (CUDA activity). From the trace it prints one
+JSON line per step: the step's wall seconds; the summed kernel seconds and, per kernel
+family (GEMM, attention, elementwise, reduction/norm, optimizer foreach, other), seconds and
+count; the busy and idle seconds of the stream that ran the most kernel time, and its idle
+gaps longer than 1 ms (count, seconds). A kernel that reads or writes host RAM in place runs
+longer than its stock twin; a stream waiting for a migration or for the host sits idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import BenchError, run_main, safe_cap, um_module
+from bench.residency import DEFAULT_BUDGET, _build_model, _tokens, parse_size
+
+FAMILIES = (
+    ("gemm", re.compile(r"gemm|cutlass|sm90|nvjet|cublas", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+    ("optimizer", re.compile(r"multi_tensor|foreach", re.I)),
+    ("reduction/norm", re.compile(r"reduce|norm|softmax|cross_entropy|nll", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|copy|fill", re.I)),
+)
+
+
+def family(name: str) -> str:
+    for fam, pattern in FAMILIES:
+        if pattern.search(name):
+            return fam
+    return "other"
+
+
+def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, Any]:
+    """Within [t0, t1) (microseconds): kernel time by family; the busiest stream's idle
+    gaps, each split into the part before its next kernel was launched on the host
+    (``host_late_s``: the compute thread was elsewhere, in the engine or in Python) and the
+    rest (``device_wait_s``: launched, but queued behind a migration or an event); and the
+    host time of CUDA API calls, by thread and call."""
+
+    def window(cats: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [
+            e for e in events if e.get("cat") in cats and e.get("ph") == "X" and t0 <= e["ts"] < t1
+        ]
+
+    kernels = window(("kernel",))
+    api = window(("cuda_runtime", "cuda_driver"))
+    launched_at = {
+        (e.get("args") or {}).get("correlation"): e["ts"] + e["dur"]
+        for e in api
+        if "correlation" in (e.get("args") or {})
+    }
+    by_family: dict[str, list[float]] = {}
+    by_stream: dict[Any, list[tuple[float, float, float]]] = {}
+    for k in kernels:
+        by_family.setdefault(family(k.get("name", "")), []).append(k["dur"])
+        args = k.get("args") or {}
+        launched = launched_at.get(args.get("correlation"), k["ts"])
+        by_stream.setdefault(args.get("stream"), []).append((k["ts"], k["ts"] + k["dur"], launched))
+    calls: dict[str, float] = {}
+    for e in api:
+        key = f"{e.get('tid')}:{e.get('name')}"
+        calls[key] = calls.get(key, 0.0) + e["dur"]
+    out: dict[str, Any] = {
+        "kernel_s": sum(k["dur"] for k in kernels) / 1e6,
+        "kernels": len(kernels),
+        "families": {
+            f: {"s": round(sum(d) / 1e6, 4), "n": len(d)} for f, d in sorted(by_family.items())
+        },
+        "api_s": {
+            k: round(v / 1e6, 4) for k, v in sorted(calls.items(), key=lambda kv: -kv[1])[:12]
+        },
+    }
+    if by_stream:
+        stream, spans = max(by_stream.items(), key=lambda kv: sum(s[1] - s[0] for s in kv[1]))
+        spans.sort()
+        busy = late = 0.0
+        gaps: list[float] = []
+        end = spans[0][0]
+        for a, b, launched in spans:
+            if a > end:
+                gaps.append(a - end)
+                late += min(a - end, max(0.0, launched - end))
+            busy += max(0.0, b - max(a, end))
+            end = max(end, b)
+        long_gaps = [g for g in gaps if g > 1000]
+        out["stream"] = {
+            "id": stream,
+            "busy_s": busy / 1e6,
+            "span_s": (end - spans[0][0]) / 1e6,
+            "idle_s": sum(gaps) / 1e6,
+            "host_late_s": late / 1e6,
+            "device_wait_s": (sum(gaps) - late) / 1e6,
+            "gaps_over_1ms": len(long_gaps),
+            "gaps_over_1ms_s": sum(long_gaps) / 1e6,
+            "largest_gaps_ms": [round(g / 1000, 1) for g in sorted(long_gaps)[-5:]],
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=("stock", "um"), required=True)
+    ap.add_argument("--workload", choices=("train", "infer"), default="train")
+    ap.add_argument("--steps", type=int, default=3, help="profiled steps")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--budget", default=None, help="device budget (train 8GiB, infer 2GiB)")
+    ap.add_argument("--conf", default="policy:lru,hooks:True", help="engine settings (um)")
+    a = ap.parse_args(argv)
+    import torch
+
+    um = um_module(torch, a.mode)
+    free, _total, cap = safe_cap(torch)
+    if um is not None:
+        budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload])
+        um.configure(a.conf, enabled=True, max_managed=cap, device_budget=budget)
+    model = _build_model(torch, a.workload).to("cuda")
+    ids = _tokens(torch, a.workload).to("cuda")
+    if a.workload == "train":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+
+    else:
+
+        def step() -> None:
+            with torch.inference_mode():
+                model(ids)
+
+    for _ in range(a.warmup):
+        step()
+    torch.cuda.synchronize()
+    marks: list[tuple[float, float]] = []
+    trace = Path(tempfile.mkdtemp()) / "trace.json"
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(a.steps):
+            torch.cuda.synchronize()
+            with torch.profiler.record_function("um_probe_step"):
+                t = time.perf_counter()
+                step()
+                torch.cuda.synchronize()
+            marks.append((t, time.perf_counter()))
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    steps = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("name") == "um_probe_step"
+        and e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+    )
+    if len(steps) != a.steps:
+        raise BenchError(f"found {len(steps)} step annotations in the trace, expected {a.steps}")
+    for i, ((t0, t1), (w0, w1)) in enumerate(zip(steps, marks, strict=True)):
+        row = {
+            "mode": a.mode,
+            "workload": a.workload,
+            "step": i,
+            "wall_s": round(w1 - w0, 4),
+            **summarize(events, t0, t1),
+        }
+        if um is not None:
+            row["um_conf"] = a.conf
+        print(json.dumps(row), flush=True)
+    os.remove(trace)
+    print(json.dumps({"mode": a.mode, "free_at_start": free, "cap": cap if um else None}))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main("timeline_probe", main)
