@@ -333,8 +333,26 @@ cudaError_t Engine::advise(
   return compat::advise(ptr, size, advice, location);
 }
 
+// Note [Captures wait for the evictor]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// While a stream is captured in global mode (torch.cuda.graph's default),
+// CUDA forbids potentially unsafe calls from every thread, and one made
+// anyway can invalidate the capture. The engine decides nothing while a
+// capture is under way (DeviceLimits::can_act), but the evictor thread and
+// other threads' executors may still be issuing what was decided before it:
+// the GPU suite caught the evictor issuing 9 calls inside a capture. So a
+// capture begins only after every action decided so far has been issued and
+// every eviction job queued has been finished. The waits are for the GPU to
+// reach events recorded before the capture, never for the capturing thread.
 void Engine::captureBegin() {
   captures_.fetch_add(1);
+  uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = executor_.take();
+  }
+  executor_.run(ticket, {}, false);
+  executor_.drainAll();
 }
 
 void Engine::captureEnd() {

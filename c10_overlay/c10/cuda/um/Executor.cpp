@@ -133,6 +133,7 @@ void Executor::enqueue(EvictJob job) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     side(job.device).queued.store(job.seq, std::memory_order_relaxed);
     queue_.push_back(std::move(job));
+    jobs_queued_.fetch_add(1, std::memory_order_relaxed);
   }
   sem_post(&queue_sem_);
 }
@@ -141,6 +142,17 @@ void Executor::drain(int device) {
   Side& s = side(device);
   const uint64_t upto = s.queued.load(std::memory_order_relaxed);
   while (s.issued.load(std::memory_order_acquire) < upto) {
+    std::this_thread::yield();
+  }
+}
+
+void Executor::drainAll() {
+  uint64_t upto = 0;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    upto = jobs_queued_.load(std::memory_order_relaxed);
+  }
+  while (jobs_done_.load(std::memory_order_acquire) < upto) {
     std::this_thread::yield();
   }
 }
@@ -232,6 +244,7 @@ void Executor::evictorLoop() {
             std::chrono::steady_clock::now() - t0)
             .count(),
         kRelaxed);
+    jobs_done_.fetch_add(1, std::memory_order_release);
   }
 }
 

@@ -76,6 +76,10 @@ class Executor {
   ExecutorCounters counters() const;
   // Returns once every eviction queued so far for `device` was issued.
   void drain(int device);
+  // Returns once the evictor has finished every job queued so far, on any
+  // device, its last CUDA call included (Note [Captures wait for the
+  // evictor], Engine.cpp).
+  void drainAll();
 
  private:
   struct Side {
@@ -198,6 +202,9 @@ class Executor {
   std::atomic<uint64_t> cancelled_bytes_{0};
   std::atomic<uint64_t> evictor_wait_ns_{0};
   std::atomic<uint64_t> evict_ranges_{0};
+  // Jobs enqueued, and jobs the evictor has finished with (drainAll).
+  std::atomic<uint64_t> jobs_queued_{0};
+  std::atomic<uint64_t> jobs_done_{0};
 };
 
 } // namespace c10::cuda::um
