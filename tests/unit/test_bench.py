@@ -290,3 +290,45 @@ def test_worker_result_reads_the_last_result_line() -> None:
     assert common.worker_result(["py", "-m", "m"], 0, out) == {"x": 2}
     with pytest.raises(common.BenchError, match="gave no result \\(exit 3\\)"):
         common.worker_result(["py", "-m", "m"], 3, "Traceback ...", "boom")
+
+
+def test_timeline_gaps_split_into_host_late_and_device_wait() -> None:
+    from bench import timeline_probe
+
+    def kernel(ts: float, dur: float, corr: int, name: str = "sm90_gemm") -> dict[str, object]:
+        args = {"stream": 7, "correlation": corr}
+        return {"cat": "kernel", "ph": "X", "ts": ts, "dur": dur, "name": name, "args": args}
+
+    def launch(ts: float, corr: int) -> dict[str, object]:
+        args = {"correlation": corr}
+        return {
+            "cat": "cuda_runtime",
+            "ph": "X",
+            "ts": ts,
+            "dur": 5.0,
+            "name": "cudaLaunchKernel",
+            "tid": 3,
+            "args": args,
+        }
+
+    events = [
+        kernel(0, 10, 1),
+        launch(1500, 2),  # launched 1490 us into a 1990 us gap: mostly the host's
+        kernel(2000, 10, 2, "vectorized_elementwise_kernel"),
+        launch(2005, 3),  # launched at once, ran 3000 us later: waiting on the device
+        kernel(5000, 10, 3, "multi_tensor_apply_kernel"),
+        kernel(9000, 10, 4),  # outside the window
+    ]
+    out = timeline_probe.summarize(events, 0, 8000)
+    assert out["kernels"] == 3
+    assert out["families"] == {
+        "elementwise": {"s": 0.0, "n": 1},
+        "gemm": {"s": 0.0, "n": 1},
+        "optimizer": {"s": 0.0, "n": 1},
+    }
+    stream = out["stream"]
+    assert stream["idle_s"] == pytest.approx((1990 + 2990) / 1e6)
+    assert stream["host_late_s"] == pytest.approx((1505 - 10 + 2010 - 2010) / 1e6)
+    assert stream["device_wait_s"] == pytest.approx(stream["idle_s"] - stream["host_late_s"])
+    assert stream["gaps_over_1ms"] == 2
+    assert out["api_s"] == {"3:cudaLaunchKernel": 0.0}
