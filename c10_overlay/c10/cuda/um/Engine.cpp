@@ -339,8 +339,10 @@ cudaError_t Engine::advise(
 // CUDA forbids potentially unsafe calls from every thread, and one made
 // anyway can invalidate the capture. The engine decides nothing while a
 // capture is under way (DeviceLimits::can_act), but the evictor thread and
-// other threads' executors may still be issuing what was decided before it:
-// the GPU suite caught the evictor issuing 9 calls inside a capture. So a
+// other threads' executors may still be issuing what was decided before it.
+// That is the common case, not a corner: torch.cuda.graph's preparation can
+// make a new segment just before the capture begins, and under the budget
+// placing it queues evictions (seen in the GPU suite's capture test). So a
 // capture begins only after every action decided so far has been issued and
 // every eviction job queued has been finished. The waits are for the GPU to
 // reach events recorded before the capture, never for the capturing thread.
