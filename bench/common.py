@@ -19,6 +19,7 @@ import re
 import shlex
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -77,8 +78,23 @@ def worker_result(cmd: list[str], returncode: int, stdout: str, stderr: str = ""
             return json.loads(line[len(MARK) :])
     raise BenchError(
         f"worker {shlex.join(cmd[1:])} gave no result (exit {returncode}):\n"
-        + (stdout + stderr)[-3000:]
+        + scrub_paths(stdout + stderr)[-3000:]
     )
+
+
+def scrub_paths(text: str) -> str:
+    """``text`` with the paths of the machine it came from made relative (records are
+    committed): the repository's to the repository, an installed package's to
+    ``site-packages/``, a torch staged by tests/gpu/stage_torch.py to ``stage/``."""
+    text = text.replace(str(REPO) + os.sep, "")
+    text = re.sub(r'"[^"\n]*?/(?:site|dist)-packages/', '"site-packages/', text)
+    return re.sub(r'"[^"\n]*?/torch-um-stage\.[^/"\n]+/', '"stage/', text)
+
+
+def error_text(limit: int = 4000) -> str:
+    """The current exception's traceback for a record: its last ``limit`` characters, paths
+    scrubbed."""
+    return scrub_paths(traceback.format_exc())[-limit:]
 
 
 def cell(value: float | None, fmt: str) -> str:

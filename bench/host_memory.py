@@ -86,7 +86,6 @@ import shutil
 import statistics
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +95,7 @@ from bench.common import (
     cell,
     command_line,
     emit,
+    error_text,
     last_line,
     machine,
     run_main,
@@ -883,7 +883,7 @@ def worker(scenario: str, mode: str, s: Settings, checkpoint: Path | None) -> No
         else:
             emit({**base, **_measure(torch, scenario, mode, s, checkpoint)})
     except Exception:  # the orchestrator reports every failure
-        emit({**base, "error": traceback.format_exc()[-4000:], "peak_rss_bytes": _maxrss()})
+        emit({**base, "error": error_text(), "peak_rss_bytes": _maxrss()})
 
 
 # ---------------------------------------------------------------- orchestrator

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BenchError, run_main, safe_cap, um_module
-from bench.residency import DEFAULT_BUDGET, _build_model, _tokens, parse_size
+from bench.residency import DEFAULT_BUDGET, UM_CONF, _build_model, _tokens, parse_size
 
 FAMILIES = (
     ("gemm", re.compile(r"gemm|cutlass|sm90|nvjet|cublas", re.I)),
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="profiled steps")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget", default=None, help="device budget (train 8GiB, infer 2GiB)")
-    ap.add_argument("--conf", default="policy:lru,hooks:True", help="engine settings (um)")
+    ap.add_argument("--conf", default=UM_CONF["um"], help="engine settings (um)")
     a = ap.parse_args(argv)
     import torch
 
@@ -149,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
         step()
     torch.cuda.synchronize()
     marks: list[tuple[float, float]] = []
-    trace = Path(tempfile.mkdtemp()) / "trace.json"
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(a.steps):
@@ -159,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                 step()
                 torch.cuda.synchronize()
             marks.append((t, time.perf_counter()))
-    prof.export_chrome_trace(str(trace))
-    events = json.loads(trace.read_text())["traceEvents"]
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
     steps = sorted(
         (e["ts"], e["ts"] + e["dur"])
         for e in events
@@ -181,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
         if um is not None:
             row["um_conf"] = a.conf
         print(json.dumps(row), flush=True)
-    os.remove(trace)
     print(json.dumps({"mode": a.mode, "free_at_start": free, "cap": cap if um else None}))
     return 0
 

@@ -332,3 +332,27 @@ def test_timeline_gaps_split_into_host_late_and_device_wait() -> None:
     assert stream["device_wait_s"] == pytest.approx(stream["idle_s"] - stream["host_late_s"])
     assert stream["gaps_over_1ms"] == 2
     assert out["api_s"] == {"3:cudaLaunchKernel": 0.0}
+
+
+def test_error_text_keeps_no_path_of_the_machine() -> None:
+    def fail_in(filename: str) -> None:
+        exec(compile("raise ValueError('boom')", filename, "exec"))
+
+    try:
+        fail_in("/opt/x/.venv/lib/python3.12/site-packages/torch/nn/mod.py")
+    except ValueError:
+        text = common.error_text()
+    assert '"site-packages/torch/nn/mod.py"' in text and "/opt/x" not in text
+    assert str(common.REPO) not in text and 'File "tests/unit/test_bench.py"' in text
+    try:
+        fail_in("/tmp/torch-um-stage.ab12Cd/site/torch/cuda/um.py")
+    except ValueError:
+        text = common.error_text()
+    assert '"stage/site/torch/cuda/um.py"' in text and "/tmp/" not in text
+    assert text.rstrip().endswith("ValueError: boom")
+    crash = f'  File "{common.REPO}/bench/residency.py", line 1\nRuntimeError: x\n'
+    with pytest.raises(common.BenchError) as info:
+        common.worker_result(["python", "-m", "bench.residency"], 1, crash)
+    assert 'File "bench/residency.py"' in str(info.value) and str(common.REPO) not in str(
+        info.value
+    )
