@@ -20,6 +20,10 @@ budget 8 GiB), modes:
   um-prev             as um, with the previous engine: a +um torch staged from an earlier
                       commit's bundle (--prev-pythonpath; run only when that is given), so
                       that a change is measured against the policy before it in one run
+  um-nohooks          +um, policy lru driven by block events alone (hooks:False)
+  um-predict          as um, with predict:True: saved activations past the budget leave by
+                      copy and come back ahead of the backward (Note [Saved-activation
+                      offload], torch/cuda/_um_predict.py); the record adds predict_stats
   fsdp2-offload-ckpt  stock torch, single-process FSDP2 (fully_shard per GPT2Block and root,
                       CPUOffloadPolicy), HF gradient checkpointing, memory fraction BUDGET/total
   stock-fraction      stock torch at memory fraction BUDGET/total (expected: out of memory)
@@ -36,7 +40,7 @@ budget 8 GiB), modes:
 both ranks' overflow fits the host's memory): the ``train`` workload under
 DistributedDataParallel (NCCL, gradient_as_bucket_view), one process per GPU, each rank with
 its own tokens and the budget (or memory fraction) on its own GPU; modes stock, um-static,
-um, um-prev, stock-fraction. A step's time is the slower rank's; the record keeps every
+um, um-prev, um-predict, stock-fraction. A step's time is the slower rank's; the record keeps every
 rank's fields under ``ranks``.
 
 Every mode is a worker process of its own, alternating over rounds (the order rotates each
@@ -110,13 +114,14 @@ MODES: dict[str, tuple[str, ...]] = {
         "um",
         "um-prev",
         "um-nohooks",
+        "um-predict",
         "fsdp2-offload-ckpt",
         "stock-fraction",
     ),
     "infer": ("stock", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "accelerate"),
-    "ddp": ("stock", "um-static", "um", "um-prev", "stock-fraction"),
+    "ddp": ("stock", "um-static", "um", "um-prev", "um-predict", "stock-fraction"),
 }
-UM_MODES = ("um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks")
+UM_MODES = ("um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "um-predict")
 PREV = "um-prev"  # runs on --prev-pythonpath
 # The engine's settings per UM mode (um-nohooks: the residency policy driven by the
 # allocator's block events alone, without torch.cuda.um's module hooks).
@@ -127,6 +132,7 @@ UM_CONF = {
     PREV: "policy:lru,hooks:True",
     "um-nohooks": "policy:lru,hooks:False",
     "um-copies": "policy:lru,read_copies:True",
+    "um-predict": "policy:lru,hooks:True,predict:True",
 }
 DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "ddp": "12GiB"}
 BATCH = {"train": (4, 1024), "infer": (8, 512), "ddp": (4, 1024)}
@@ -551,6 +557,7 @@ def _run(
         if stats.get("um.managed_bytes", 0) <= 0:
             raise BenchError(f"mode {mode}: no managed bytes after the run")
         info["um_stats"] = stats
+        info["predict_stats"] = um.predict_stats() if hasattr(um, "predict_stats") else {}
     if mode == "fsdp2-offload-ckpt" or dist is not None:
         importlib.import_module("torch.distributed").destroy_process_group()
     return info

@@ -27,13 +27,15 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
-    "read_copies, host_alloc, host_alloc_min, pin_in_place."
+    "predict, predict_lookahead, read_copies, host_alloc, host_alloc_min, pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
 RESIDENCY = {
     "policy": "lru",
     "discard": "True",
     "hooks": "True",
+    "predict": "False",
+    "predict_lookahead": str(1 << 30),
     "read_copies": "False",
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
@@ -164,6 +166,8 @@ BAD = {
     "max_managed": ["expected key:value, got 'max_managed'", KEYS],
     "host_alloc:pinned": ["'host_alloc' takes default", "got 'pinned'"],
     "host_alloc_min:big": ["'host_alloc_min' takes a size", "got 'big'"],
+    "predict:often": ["'predict' takes True or False, got 'often'"],
+    "predict_lookahead:4096": ["'predict_lookahead'", "at least 1MiB, got '4096'"],
     # a bad item after a good one: nothing applies (the probe checks get_config is unchanged)
     "enabled:False,prefetch:nope": ["'prefetch' takes True or False, got 'nope'"],
 }

@@ -24,6 +24,11 @@ allocation, and from :func:`configure` at run time::
     host RAM a host-placed segment must leave available.
 ``prefetch``
     prefetch a new segment to where it was placed.
+``predict``
+    past the budget, saved activations leave the device by copy as the forward
+    saves them and come back ahead of the backward (off by default; counters in
+    :func:`predict_stats`; ``predict_lookahead`` bounds the bytes brought back
+    ahead). The other keys are listed in the repository's README.
 
 Sizes are bytes or take binary units (``512MB``, ``8GiB``, ``1.5G``).
 
@@ -46,7 +51,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, TypeAlias, Union
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import torch
 
@@ -66,6 +71,7 @@ __all__ = [
     "is_managed",
     "managed_host",
     "move_",
+    "predict_stats",
     "prefetch",
     "reset_peak",
     "set_device_budget",
@@ -307,6 +313,8 @@ def configure(
     policy: str | None = None,
     discard: bool | None = None,
     hooks: bool | None = None,
+    predict: bool | None = None,
+    predict_lookahead: Size | None = None,
     read_copies: bool | None = None,
     host_alloc: str | None = None,
     host_alloc_min: Size | None = None,
@@ -339,6 +347,7 @@ def configure(
         ("prefetch", prefetch),
         ("discard", discard),
         ("hooks", hooks),
+        ("predict", predict),
         ("read_copies", read_copies),
         ("pin_in_place", pin_in_place),
     ):
@@ -351,6 +360,7 @@ def configure(
         ("device_budget", device_budget),
         ("host_headroom", host_headroom),
         ("host_alloc_min", host_alloc_min),
+        ("predict_lookahead", predict_lookahead),
     ):
         if size is not None:
             parts.append(f"{key}:{_size(size, key)}")
@@ -940,15 +950,71 @@ def _install_hooks() -> None:
 
     _hook_handles.append(nn_module.register_module_forward_pre_hook(_pre_forward))
     _hook_handles.append(nn_module.register_module_forward_hook(_post_forward))
+    offloader = _predictor()
+    if offloader is not None:
+        offloader.active = True
+        _hook_handles.append(nn_module.register_module_forward_pre_hook(offloader.enter))
+        _hook_handles.append(
+            nn_module.register_module_forward_hook(offloader.exit, always_call=True)
+        )
     _hooks_installed = True
 
 
 def _remove_hooks() -> None:
     global _hooks_installed
+    if _offloader is not None:
+        _offloader.active = False
     while _hook_handles:
         handle = _hook_handles.pop()
         handle.remove()  # type: ignore[attr-defined]
     _hooks_installed = False
+
+
+# ---- prediction: saved activations leave by copy (Note [Saved-activation offload],
+# torch/cuda/_um_predict.py) --------------------------------------------------------
+
+_offloader: Any = None
+
+
+def _engine_counters(index: int) -> tuple[int, int]:
+    """(bytes the engine has evicted from device ``index`` so far, free room under its
+    budget: dead bytes count as free, the allocator reuses them without a move)."""
+    s = _Stats()
+    s.struct_size = ctypes.sizeof(_Stats)
+    if _lib is None or _lib.torch_um_get_stats(index, ctypes.byref(s)) != 0:
+        return 0, 0
+    room = s.device_budget_bytes + s.dead_device_bytes - s.device_placed_bytes
+    return int(s.evict_bytes), max(0, int(room))
+
+
+def _predictor() -> Any:
+    """The process's offloader when ``predict:True``, else None."""
+    global _offloader
+    cfg = get_config()
+    if cfg.get("predict") != "True":
+        return None
+    lookahead = int(cfg.get("predict_lookahead", 1 << 30))
+    if _offloader is None:
+        from torch.cuda import _um_predict
+
+        budget = stats().get("um.device_budget_bytes", 0)
+        margin = max(256 << 20, budget // 16)
+        _offloader = _um_predict.Offloader(_engine_counters, lookahead, margin)
+    _offloader.max_lookahead = lookahead
+    return _offloader
+
+
+def predict_stats() -> dict[str, int]:
+    """Counters of the saved-activation offload (``predict:True``), empty before its
+    first use: ``predict.forwards`` (forwards run under it), ``predict.target_bytes``
+    (bytes of saves the next forward offloads), ``predict.offloaded_bytes`` /
+    ``predict.offloaded_saves`` / ``predict.kept_bytes`` (saves that left by copy and
+    that stayed), ``predict.ahead_bytes`` (brought back ahead of use), ``predict.hits``
+    (a use found its bytes back), ``predict.late`` (still on their way),
+    ``predict.misses`` / ``predict.miss_bytes`` (copied back at the use),
+    ``predict.lookahead_bytes``, ``predict.failures`` (saves that stayed because
+    page-locked memory was refused)."""
+    return {} if _offloader is None else dict(_offloader.counters())
 
 
 def _hooks_wanted() -> bool:

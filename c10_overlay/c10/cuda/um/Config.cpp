@@ -14,7 +14,8 @@ namespace {
 
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
-    "discard, hooks, read_copies, host_alloc, host_alloc_min, pin_in_place";
+    "discard, hooks, predict, predict_lookahead, read_copies, host_alloc, "
+    "host_alloc_min, pin_in_place";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -164,6 +165,9 @@ std::string Config::str() const {
   s += discard ? "True" : "False";
   s += ",hooks:";
   s += hooks ? "True" : "False";
+  s += ",predict:";
+  s += predict ? "True" : "False";
+  s += ",predict_lookahead:" + std::to_string(predict_lookahead);
   s += ",read_copies:";
   s += read_copies ? "True" : "False";
   s += ",host_alloc:";
@@ -204,6 +208,17 @@ Config parseConfig(
       cfg.prefetch = parseBool(key, value, source);
     } else if (key == "hooks") {
       cfg.hooks = parseBool(key, value, source);
+    } else if (key == "predict") {
+      cfg.predict = parseBool(key, value, source);
+    } else if (key == "predict_lookahead") {
+      cfg.predict_lookahead = requireBytes(key, value, source);
+      TORCH_CHECK(
+          cfg.predict_lookahead >= (1ull << 20),
+          source,
+          ": 'predict_lookahead' is the most bytes of saved activations "
+          "brought back ahead of the backward; it must be at least 1MiB, got '",
+          value,
+          "'.");
     } else if (key == "discard") {
       cfg.discard = parseBool(key, value, source);
     } else if (key == "pin_in_place") {

@@ -45,6 +45,13 @@ struct Config {
   // torch.cuda.um's module hooks report parameters and saved activations as
   // about to be used, once a device has run past its budget (um.py).
   bool hooks = true;
+  // With hooks: saved activations past the budget leave the device by copy
+  // (DMA at link speed) when the forward saves them and come back ahead of
+  // the backward in the reverse order of saving, instead of being evicted by
+  // migration (Note [Saved-activation offload], torch/cuda/_um_predict.py).
+  // predict_lookahead bounds the bytes brought back ahead of their use.
+  bool predict = false;
+  uint64_t predict_lookahead = 1ull << 30;
   // Data its user only reads (parameters in a forward without autograd)
   // comes back to the device as a read-only copy, which leaves without a
   // write-back (Note [Read-only duplicates] in Residency.h). Off by default:

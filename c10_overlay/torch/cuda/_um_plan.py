@@ -1,0 +1,142 @@
+"""Decisions of the saved-activation offload (Note [Saved-activation offload] in
+``torch/cuda/_um_predict.py``), kept apart from the CUDA work so that they can be
+tested on traces without a GPU: pure Python, no torch import.
+
+Three small parts, one job each:
+
+- :class:`OffloadTarget` learns, one forward at a time, how many bytes of saved
+  activations must leave the device so that the forward stays under the budget;
+- :class:`ForwardPlan` applies the target inside one forward: the earliest saves
+  leave, since the backward reads them last;
+- :class:`PrefetchQueue` brings the saves that left back in the reverse order of
+  saving, as far ahead of their use as the lookahead and the free room allow, and
+  widens the lookahead when a use finds its bytes not yet there.
+
+Not thread-safe: the caller (``_um_predict.Offloader``) holds its lock around every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MiB = 1 << 20
+
+
+@dataclass
+class OffloadTarget:
+    """Bytes of the next forward's saves to offload, learned from the forwards before.
+
+    After each forward: evictions the engine made during it mean that too little left
+    by copy, so the target grows by those bytes (they are the overflow the copies did
+    not cover); room left on the device at the forward's end, past ``margin``, means too
+    much left, so the target shrinks by half of it (halving keeps it from oscillating).
+    The target never exceeds the bytes the last forward saved. The first forward
+    offloads nothing: it is the plain residency policy, and its evictions are the
+    first measurement. A pattern that changes (a new batch size, ``model.eval()``)
+    moves the target by the same rule; a wrong target costs time, never data.
+    """
+
+    margin: int
+    bytes: int = 0
+    forwards: int = 0
+
+    def update(self, evicted: int, room: int, saved: int) -> int:
+        self.forwards += 1
+        target = self.bytes + max(0, evicted)
+        if evicted <= 0 and room > self.margin:
+            target -= (room - self.margin) // 2
+        self.bytes = max(0, min(target, saved))
+        return self.bytes
+
+
+@dataclass
+class ForwardPlan:
+    """One forward's offload decisions: saves leave, in the order they are made, until
+    ``target`` bytes of candidates have been seen."""
+
+    target: int
+    seen: int = 0  # candidate bytes saved so far in this forward
+    offloaded: int = 0
+
+    def offload(self, nbytes: int) -> bool:
+        leave = self.seen < self.target
+        self.seen += nbytes
+        if leave:
+            self.offloaded += nbytes
+        return leave
+
+
+class Entry:
+    """A save that left the device: its size and where its copy back stands (the CUDA
+    side subclasses it with the buffers and events)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.issued = False  # copy back to the device issued (ahead of use, or at use)
+        self.ahead = False  # issued by the queue, before its first use
+        self.used = False
+
+
+@dataclass
+class PrefetchQueue:
+    """The saves of one forward that left the device, brought back in reverse order.
+
+    ``pump(room)`` returns the entries to bring back now: the next ones in reverse order
+    of saving, while the bytes brought back ahead and not used yet stay within the
+    lookahead and each fits in ``room`` (free device bytes under the budget). ``use``
+    classifies a use: ``hit`` (brought back ahead and ready), ``late`` (brought back
+    ahead, copy still running) or ``miss`` (not brought back: the caller copies it
+    now); a late use or a miss doubles the lookahead, up to ``max_lookahead``.
+    Entries are handed in by the caller as weak references (``ref()`` is None once the
+    save is gone, e.g. the graph was freed without a backward); dead ones are skipped.
+    """
+
+    max_lookahead: int
+    lookahead: int = 0
+    entries: list[Callable[[], Entry | None]] = field(default_factory=list)
+    cursor: int = -1  # next entry to bring back, counting down
+    inflight: int = 0  # bytes brought back ahead, not used yet
+
+    def __post_init__(self) -> None:
+        if self.lookahead <= 0:
+            self.lookahead = min(self.max_lookahead, 256 * MiB)
+
+    def add(self, ref: Callable[[], Entry | None]) -> None:
+        self.entries.append(ref)
+        self.cursor = len(self.entries) - 1
+
+    def pump(self, room: int) -> list[Entry]:
+        out: list[Entry] = []
+        while self.cursor >= 0:
+            entry = self.entries[self.cursor]()
+            if entry is None or entry.issued:
+                self.cursor -= 1
+                continue
+            if self.inflight + entry.nbytes > self.lookahead and (self.inflight or out):
+                break  # a single entry larger than the lookahead still goes alone
+            if entry.nbytes > room:
+                break
+            room -= entry.nbytes
+            entry.issued = entry.ahead = True
+            self.inflight += entry.nbytes
+            self.cursor -= 1
+            out.append(entry)
+        return out
+
+    def use(self, entry: Entry, ready: bool) -> str:
+        first = not entry.used
+        entry.used = True
+        if not entry.issued:
+            entry.issued = True
+            self._widen()
+            return "miss"
+        if entry.ahead and first:
+            self.inflight = max(0, self.inflight - entry.nbytes)
+        if ready or not first:
+            return "hit"
+        self._widen()
+        return "late"
+
+    def _widen(self) -> None:
+        self.lookahead = min(self.max_lookahead, self.lookahead * 2)

@@ -1,0 +1,321 @@
+"""Saved activations past the budget leave the device by copy and come back ahead of use.
+
+Note [Saved-activation offload]
+A training step that does not fit under the device budget overflows mostly with the
+activations its forward saves for the backward. Under the plain residency policy they
+leave by migration: the evictor prefetches their pages to the CPU, which runs at 10-24
+GB/s on the H200 host (design notes, section 9), and the compute stream waits for it
+(bench/README.md, prediction steps 6-8). A copy engine moves the same bytes at the
+link's 52-55 GB/s each way. So, with ``predict:True`` and once the module hooks are on
+(Note [Use signals], um.py), the outermost module's forward runs under saved-tensor
+hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) that:
+
+- pack: offload the earliest saves of the forward, those the backward reads last, up
+  to a target in bytes (``_um_plan.OffloadTarget``: grown by the bytes the engine had to
+  evict during a forward, shrunk by half the room left at its end). A save that leaves
+  is copied whole (its storage, once per storage and version) on a side stream into
+  page-locked host memory; autograd keeps the host copy, and the device block goes
+  back to the allocator when the forward drops the tensor (``record_stream`` keeps it
+  until the copy has read it). Parameters, small saves (< 1 MiB), tensors that are not
+  plain strided CUDA tensors, and saves made during a capture or a backward stay.
+- unpack: the backward reads the saves in about the reverse order of saving, so each
+  unpack brings the next ones back on another side stream, ahead of their use, as far
+  as the lookahead (``predict_lookahead``, doubled from 256 MiB on each late use) and
+  the room under the budget allow (``_um_plan.PrefetchQueue``). A save not brought back
+  in time is copied at its use, on the compute stream.
+
+Correctness does not depend on any prediction: a wrong target or order only moves
+bytes at another time. The unpacked tensor is a view, with the saved tensor's size,
+stride and offset, of a device copy of its whole storage, made after the forward
+wrote it (the copy is ordered after the compute stream's work at the save) and kept
+for as long as autograd keeps the save (``retain_graph`` reuses it). Autograd's
+version counter check still guards in-place changes; a change that bypasses it
+(``.data``) is seen by stock torch in the backward and not here.
+
+Thread safety: pack runs on the forward's thread, unpack on autograd's; the shared
+state (target, queues, counters) is under one lock. Default hooks are per thread: a
+forward on a thread that did not enter through a module runs without them.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.cuda import _um_plan as plan
+
+MIN_BYTES = 1 << 20  # smaller saves are not worth a copy each way
+
+
+class _Stored(plan.Entry):  # type: ignore[misc]  # Any to mypy: the lint venv has no torch
+    """One storage that left the device: its host copy and its device copy, once back."""
+
+    def __init__(
+        self,
+        nbytes: int,
+        host: torch.Tensor,
+        saved: torch.cuda.Event,
+        device: torch.device,
+        queue: plan.PrefetchQueue,
+        source: Any,
+    ) -> None:
+        super().__init__(nbytes)
+        self.host = host
+        self.saved = saved  # the copy to the host has finished
+        self.device = device
+        self.queue = queue
+        self.source: Any = source  # weak reference to the device storage, during the forward
+        self.gpu: torch.Tensor | None = None
+        self.back: torch.cuda.Event | None = None  # the copy back, when issued ahead
+
+
+class _Packed:
+    """What autograd keeps of one save that left: the storage and the view into it."""
+
+    __slots__ = ("dtype", "offset", "size", "stored", "stride")
+
+    def __init__(self, stored: _Stored, t: torch.Tensor) -> None:
+        self.stored = stored
+        self.dtype = t.dtype
+        self.offset = t.storage_offset()
+        self.size = t.size()
+        self.stride = t.stride()
+
+
+class _Forward:
+    """The state of the outermost forward under way on one thread."""
+
+    def __init__(
+        self, target: int, queue: plan.PrefetchQueue, params: set[int], device: int, evicted: int
+    ) -> None:
+        self.plan = plan.ForwardPlan(target)
+        self.queue = queue
+        self.params = params
+        self.device = device
+        self.evicted = evicted
+        self.decided: dict[tuple[int, int], _Stored | None] = {}  # None: kept on the device
+
+
+Counters = Callable[[int], "tuple[int, int]"]  # device -> (evicted bytes so far, free room)
+
+
+class Offloader:
+    """The hooks of Note [Saved-activation offload]; one per process (um.py owns it)."""
+
+    def __init__(self, counters: Counters, max_lookahead: int, margin: int) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        self._weak = StorageWeakRef
+        self._counters = counters
+        self._lock = threading.Lock()
+        self._tls = threading.local()
+        self._streams: dict[tuple[int, str], torch.cuda.Stream] = {}
+        self.target = plan.OffloadTarget(margin=margin)
+        self.max_lookahead = max_lookahead
+        self.lookahead = 0
+        self.margin = margin
+        self.active = True
+        self._latest: weakref.ref[plan.PrefetchQueue] | None = None
+        self.stats = dict.fromkeys(
+            (
+                "forwards",
+                "offloaded_bytes",
+                "offloaded_saves",
+                "kept_bytes",
+                "ahead_bytes",
+                "hits",
+                "late",
+                "misses",
+                "miss_bytes",
+                "failures",
+            ),
+            0,
+        )
+
+    # ---- module hooks: the outermost forward ---------------------------------------
+
+    def enter(self, module: torch.nn.Module, args: object) -> None:
+        st = self._tls
+        depth = getattr(st, "depth", 0)
+        st.depth = depth + 1
+        if depth == 0:
+            st.forward = self._begin(module) if self.active else None
+
+    def exit(self, module: torch.nn.Module, args: object, output: object) -> None:
+        st = self._tls
+        depth = getattr(st, "depth", 0)
+        if depth == 0:
+            return  # installed while this forward was under way
+        st.depth = depth - 1
+        if depth == 1:
+            fwd, st.forward = getattr(st, "forward", None), None
+            if fwd is not None:
+                self._end(fwd)
+
+    def _begin(self, module: torch.nn.Module) -> _Forward | None:
+        if not torch.is_grad_enabled() or torch.cuda.is_current_stream_capturing():
+            return None
+        graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+        if graph_task() != -1:
+            return None  # a forward run by a backward (checkpoint recomputation)
+        ag = torch._C._autograd
+        top = getattr(ag, "_top_saved_tensors_default_hooks", None)
+        if top is not None and top(False) is not None:
+            return None  # the program's own saved-tensor hooks (save_on_cpu, checkpoint)
+        try:
+            ag._push_saved_tensors_default_hooks(self.pack, self.unpack)
+        except RuntimeError:
+            return None  # saved-tensor hooks are disabled here
+        device = torch.cuda.current_device()
+        params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        params.update(b.untyped_storage().data_ptr() for b in module.buffers())
+        with self._lock:
+            queue = plan.PrefetchQueue(self.max_lookahead, self.lookahead)
+            self._latest = weakref.ref(queue)
+            target = self.target.bytes
+        return _Forward(target, queue, params, device, self._counters(device)[0])
+
+    def _end(self, fwd: _Forward) -> None:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        evicted, room = self._counters(fwd.device)
+        with self._lock:
+            for stored in fwd.decided.values():
+                if stored is not None:
+                    stored.source = None
+            self.target.update(evicted - fwd.evicted, room, fwd.plan.seen)
+            self.stats["forwards"] += 1
+            self.stats["offloaded_bytes"] += fwd.plan.offloaded
+            self.stats["kept_bytes"] += fwd.plan.seen - fwd.plan.offloaded
+
+    # ---- saved-tensor hooks ------------------------------------------------------------
+
+    def _stream(self, device: torch.device, kind: str) -> torch.cuda.Stream:
+        key = (device.index or 0, kind)
+        s = self._streams.get(key)
+        if s is None:
+            s = self._streams[key] = torch.cuda.Stream(device)
+        return s
+
+    def pack(self, t: torch.Tensor) -> object:
+        fwd = getattr(self._tls, "forward", None)
+        if (
+            fwd is None
+            or not self.active
+            or not t.is_cuda
+            or t.layout != torch.strided
+            or type(t) is not torch.Tensor
+            or t.is_conj()
+            or t.is_neg()
+            or torch.cuda.is_current_stream_capturing()
+        ):
+            return t
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        ptr = storage.data_ptr()
+        if nbytes < MIN_BYTES or ptr in fwd.params:
+            return t
+        key = (ptr, t._version)
+        with self._lock:
+            if key in fwd.decided:
+                stored = fwd.decided[key]
+                if stored is None:
+                    return t  # kept: the storage is alive, held by autograd
+                if stored.source is not None and not stored.source.expired():
+                    return _Packed(stored, t)
+                # the storage that left was freed and its address reused: a new one
+            if not fwd.plan.offload(nbytes):
+                fwd.decided[key] = None
+                return t
+        try:
+            stored = self._offload(t, storage, nbytes, fwd.queue)
+        except RuntimeError as e:  # page-locked memory refused: the save stays
+            with self._lock:
+                fwd.plan.offloaded -= nbytes
+                fwd.decided[key] = None
+                self.stats["failures"] += 1
+                if self.stats["failures"] == 1:
+                    warnings.warn(
+                        f"torch.cuda.um: a saved activation stays on the device: {e}", stacklevel=2
+                    )
+            return t
+        with self._lock:
+            self.stats["offloaded_saves"] += 1
+            fwd.decided[key] = stored
+            fwd.queue.add(weakref.ref(stored))
+        return _Packed(stored, t)
+
+    def _offload(
+        self, t: torch.Tensor, storage: torch.UntypedStorage, nbytes: int, queue: plan.PrefetchQueue
+    ) -> _Stored:
+        device = t.device
+        compute = torch.cuda.current_stream(device)
+        side = self._stream(device, "d2h")
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        whole = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+        side.wait_stream(compute)
+        with torch.cuda.stream(side):
+            host.copy_(whole, non_blocking=True)
+            saved = torch.cuda.Event()
+            saved.record(side)
+        whole.record_stream(side)  # the block is not reused before the copy has read it
+        return _Stored(nbytes, host, saved, device, queue, self._weak(storage))
+
+    def _bring_back(self, stored: _Stored, stream: torch.cuda.Stream, ahead: bool) -> None:
+        with torch.cuda.stream(stream):
+            stream.wait_event(stored.saved)
+            gpu = torch.empty(stored.nbytes, dtype=torch.uint8, device=stored.device)
+            gpu.copy_(stored.host, non_blocking=True)
+            if ahead:
+                stored.back = torch.cuda.Event()
+                stored.back.record(stream)
+        stored.gpu = gpu
+
+    def _pump(self, queue: plan.PrefetchQueue, device: torch.device) -> None:
+        """Bring back what the queue says fits now (the lock is held)."""
+        if queue.cursor < 0:
+            return
+        room = max(0, self._counters(device.index or 0)[1] - self.margin)
+        for entry in queue.pump(room):
+            assert isinstance(entry, _Stored)
+            self._bring_back(entry, self._stream(device, "h2d"), ahead=True)
+            self.stats["ahead_bytes"] += entry.nbytes
+
+    def unpack(self, packed: object) -> torch.Tensor:
+        if not isinstance(packed, _Packed):
+            assert isinstance(packed, torch.Tensor)
+            queue = self._latest() if self._latest is not None else None
+            if queue is not None and queue.cursor >= 0 and packed.is_cuda:
+                with self._lock:
+                    self._pump(queue, packed.device)
+            return packed
+        stored = packed.stored
+        device = stored.device
+        compute = torch.cuda.current_stream(device)
+        with self._lock:
+            ready = stored.back is None or stored.back.query()
+            kind = stored.queue.use(stored, ready)
+            self.stats["misses" if kind == "miss" else kind] += 1
+            if kind == "miss" or stored.gpu is None:
+                self.stats["miss_bytes"] += stored.nbytes
+                self._bring_back(stored, compute, ahead=False)
+            self.lookahead = max(self.lookahead, stored.queue.lookahead)
+            self._pump(stored.queue, device)
+        gpu = stored.gpu
+        assert gpu is not None
+        if stored.back is not None:
+            compute.wait_event(stored.back)
+            gpu.record_stream(compute)
+        out = torch.empty(0, dtype=packed.dtype, device=device)
+        out.set_(gpu.untyped_storage(), packed.offset, packed.size, packed.stride)
+        return out
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            out = {f"predict.{k}": v for k, v in self.stats.items()}
+            out["predict.target_bytes"] = self.target.bytes
+            out["predict.lookahead_bytes"] = self.lookahead
+        return out
