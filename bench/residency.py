@@ -123,6 +123,8 @@ MODES: dict[str, tuple[str, ...]] = {
 }
 UM_MODES = ("um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "um-predict")
 PREV = "um-prev"  # runs on --prev-pythonpath
+# The offload tool each workload is compared with (the issue's bar): /peer in the table.
+PEER = {"train": "fsdp2-offload-ckpt", "infer": "accelerate"}
 # The engine's settings per UM mode (um-nohooks: the residency policy driven by the
 # allocator's block events alone, without torch.cuda.um's module hooks).
 UM_CONF = {
@@ -197,7 +199,8 @@ def summarize(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(summary, analysis). summary = {"floor_s", "modes": {mode: median s or None}} over
     every mode of the workload; analysis: the floor's inputs, per mode the ratios to
-    um-static, to um-prev and to the floor, the agreement with stock, and OOMs / errors."""
+    um-static, to um-prev, to um, to the workload's peer (PEER) and to the floor, the
+    agreement with stock, and OOMs / errors."""
     modes = {m: mode_seconds(samples, m) for m in MODES[workload]}
     stock_runs = [s for s in samples if s["mode"] == "stock" and _ok(s)]
     ref = stock_runs[0] if stock_runs else None
@@ -208,6 +211,8 @@ def summarize(
     floor = floor_seconds(workload, modes["stock"], peak, budget, h2d, d2h)
     static = modes.get("um-static")
     prev = modes.get(PREV)
+    plain = modes.get("um")  # the residency policy without prediction
+    peer = modes.get(PEER.get(workload, ""))
     rows: dict[str, Any] = {}
     for mode, sec in modes.items():
         runs = [s for s in samples if s["mode"] == mode]
@@ -218,6 +223,8 @@ def summarize(
             "first_step_s": statistics.median(firsts) if firsts else None,
             "per_um_static": sec / static if sec is not None and static else None,
             "per_um_prev": sec / prev if sec is not None and prev else None,
+            "per_um": sec / plain if sec is not None and plain else None,
+            "per_peer": sec / peer if sec is not None and peer else None,
             "per_floor": sec / floor if sec is not None and floor else None,
             "agreement": max(diffs) if diffs else None,
             "runs": len(runs),
@@ -256,7 +263,7 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
         f" GiB, pinned h2d/d2h {gbs[0]}/{gbs[1]} GB/s",
         f"PCIe floor = {f['formula']} = {cell(summary['floor_s'], '.4f')} s",
         f"{'mode':20s}{'step s':>10s}{'first s':>10s}{'/um-static':>12s}{'/um-prev':>10s}"
-        f"{'/floor':>9s}"
+        f"{'/um':>8s}{'/peer':>8s}{'/floor':>9s}"
         f"{'vs stock':>12s}  note",
     ]
     for mode, row in analysis["modes"].items():
@@ -270,6 +277,7 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
         lines.append(
             f"{mode:20s}{cell(row['seconds'], '10.4f')}{cell(row['first_step_s'], '10.3f')}"
             f"{cell(row['per_um_static'], '12.3f')}{cell(row['per_um_prev'], '10.3f')}"
+            f"{cell(row['per_um'], '8.3f')}{cell(row['per_peer'], '8.3f')}"
             f"{cell(row['per_floor'], '9.2f')}"
             f"{cell(row['agreement'], '12.3g')}  {'; '.join(note)}"
         )

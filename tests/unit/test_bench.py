@@ -167,12 +167,15 @@ def test_residency_summary_train() -> None:
         "um": 1.5,
         "um-prev": 3.0,
         "um-nohooks": None,  # not run
+        "um-predict": None,  # not run
         "fsdp2-offload-ckpt": None,  # error
         "stock-fraction": None,  # out of memory
     }
     rows = analysis["modes"]
     assert rows["um"]["per_um_static"] == pytest.approx(1.5 / 4.0)
     assert rows["um"]["per_um_prev"] == pytest.approx(0.5)
+    assert rows["um-prev"]["per_um"] == pytest.approx(2.0)
+    assert rows["um"]["per_peer"] is None  # the peer failed
     assert rows["um"]["per_floor"] == pytest.approx(1.5 / floor)
     assert rows["um"]["first_step_s"] == pytest.approx(3.0)
     assert rows["um"]["agreement"] == 0.0 and rows["um-static"]["agreement"] == 0.5
@@ -270,7 +273,13 @@ def test_residency_ddp_uses_the_training_floor_and_losses() -> None:
     assert list(summary["modes"]) == list(residency.MODES["ddp"])
     assert summary["floor_s"] == pytest.approx(8 * GIB / 40e9)  # the slower direction
     assert analysis["modes"]["um"]["agreement"] == 0.25
-    assert residency.selected_modes("ddp", None) == ["stock", "um-static", "um", "stock-fraction"]
+    assert residency.selected_modes("ddp", None) == [
+        "stock",
+        "um-static",
+        "um",
+        "um-predict",
+        "stock-fraction",
+    ]
 
 
 def test_residency_ddp_merges_ranks_by_the_slower_one() -> None:

@@ -13,6 +13,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,7 @@ class Device:
     budget: int
     params: int
     margin: int
-    target: object = None
+    target: Any = None
     lookahead: int = 0
     log: list[Step] = field(default_factory=list)
 
@@ -81,7 +82,7 @@ class Device:
     def step(self, saves: list[int], order_jitter: int = 0, rng: random.Random | None = None) -> Step:
         fwd = plan.ForwardPlan(self.target.bytes)
         queue = plan.PrefetchQueue(max_lookahead=1 << 30, lookahead=self.lookahead)
-        entries: list[object] = []  # strong references: autograd's packed saves
+        entries: list[Any] = []  # strong references: autograd's packed saves
         kept: list[int] = []
         resident = self.params
         evicted = 0
@@ -108,7 +109,7 @@ class Device:
             for k in range(0, len(order) - 1, 2):
                 if rng.random() < 0.5:
                     order[k], order[k + 1] = order[k + 1], order[k]
-        by_index = {e.index: e for e in entries}
+        by_index: dict[int, Any] = {e.index: e for e in entries}
         back: dict[int, int] = {}  # index -> use count at which it was issued
         on_device = resident
         for use, i in enumerate(order):
