@@ -441,7 +441,10 @@ class _PhaseClock:
         if self.um is None:
             return {}
         st = self.um.stats()
-        return {k: int(st.get(f"um.{k}", 0)) for k in PHASE_COUNTERS}
+        out = {k: int(st.get(f"um.{k}", 0)) for k in PHASE_COUNTERS}
+        if hasattr(self.um, "predict_stats"):  # um-predict: its counters too
+            out.update((k, int(v)) for k, v in self.um.predict_stats().items())
+        return out
 
     def start(self) -> None:
         self.t, self.c = time.perf_counter(), self._counters()
@@ -450,7 +453,11 @@ class _PhaseClock:
     def __call__(self, phase: str) -> None:
         self.torch.cuda.synchronize()
         t, c = time.perf_counter(), self._counters()
-        self.steps[-1][phase] = {"s": t - self.t, **{k: c[k] - self.c[k] for k in c}}
+        self.steps[-1][phase] = {
+            "s": t - self.t,
+            **{k: c[k] - self.c.get(k, 0) for k in c if not k.endswith("target_bytes")},
+            **{k: c[k] for k in c if k.endswith("target_bytes")},  # a level, not a count
+        }
         self.t, self.c = t, c
 
 

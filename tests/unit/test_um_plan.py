@@ -40,7 +40,8 @@ def test_target_starts_at_zero_grows_by_evictions_and_shrinks_by_half_the_spare_
     assert t.update(evicted=700, room=0, saved=1000) == 700
     assert t.update(evicted=500, room=0, saved=1000) == 1000  # never past what was saved
     assert t.update(evicted=0, room=500, saved=1000) == 800  # (500 - 100) / 2 less
-    assert t.update(evicted=0, room=80, saved=1000) == 800  # within the margin: kept
+    assert t.update(evicted=300, room=300, saved=1000) == 700  # room at the end wins
+    assert t.update(evicted=0, room=80, saved=1000) == 700  # within the margin: kept
     assert t.update(evicted=0, room=0, saved=300) == 300  # a smaller pattern caps it
 
 

@@ -39,6 +39,7 @@ forward on a thread that did not enter through a module runs without them.
 
 from __future__ import annotations
 
+import collections
 import threading
 import warnings
 import weakref
@@ -49,6 +50,7 @@ import torch
 from torch.cuda import _um_plan as plan
 
 MIN_BYTES = 1 << 20  # smaller saves are not worth a copy each way
+COPY_WINDOW = 512 << 20  # bytes of copies to the host in flight (Offloader._throttle)
 
 
 class _Stored(plan.Entry):  # type: ignore[misc]  # Any to mypy: the lint venv has no torch
@@ -98,6 +100,8 @@ class _Forward:
         self.device = device
         self.evicted = evicted
         self.decided: dict[tuple[int, int], _Stored | None] = {}  # None: kept on the device
+        self.copying: collections.deque[tuple[torch.cuda.Event, int]] = collections.deque()
+        self.copying_bytes = 0
 
 
 Counters = Callable[[int], "tuple[int, int]"]  # device -> (evicted bytes so far, free room)
@@ -246,7 +250,22 @@ class Offloader:
             self.stats["offloaded_saves"] += 1
             fwd.decided[key] = stored
             fwd.queue.add(weakref.ref(stored))
+        self._throttle(fwd, stored)
         return _Packed(stored, t)
+
+    def _throttle(self, fwd: _Forward, stored: _Stored) -> None:
+        """Keep at most COPY_WINDOW bytes of copies to the host in flight: the host waits
+        for the oldest. The caching allocator reuses a block only once the copy that
+        reads it has finished, as seen from the host when the next block is asked for;
+        without this, a forward that runs ahead of the link (its kernels produce saves
+        far faster than 55 GB/s) finds no reusable block, takes new segments, and the
+        engine makes room for them by eviction, the very migration this avoids."""
+        fwd.copying.append((stored.saved, stored.nbytes))
+        fwd.copying_bytes += stored.nbytes
+        while fwd.copying_bytes > COPY_WINDOW and len(fwd.copying) > 1:
+            event, nbytes = fwd.copying.popleft()
+            event.synchronize()
+            fwd.copying_bytes -= nbytes
 
     def _offload(
         self, t: torch.Tensor, storage: torch.UntypedStorage, nbytes: int, queue: plan.PrefetchQueue
@@ -298,7 +317,7 @@ class Offloader:
         with self._lock:
             ready = stored.back is None or stored.back.query()
             kind = stored.queue.use(stored, ready)
-            self.stats["misses" if kind == "miss" else kind] += 1
+            self.stats[{"hit": "hits", "late": "late", "miss": "misses"}[kind]] += 1
             if kind == "miss" or stored.gpu is None:
                 self.stats["miss_bytes"] += stored.nbytes
                 self._bring_back(stored, compute, ahead=False)
