@@ -106,7 +106,7 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         policy="lru",
         discard=True,
         hooks=True,
-        predict=False,
+        predict=True,
         read_copies=False,
         host_alloc="default",
         host_alloc_min="1MiB",

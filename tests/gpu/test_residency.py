@@ -221,6 +221,46 @@ def test_training_with_predict_matches_in_memory(torch_mod: Any, um: Any, limits
     assert _on_device(um) <= BUDGET
 
 
+def test_compiled_training_with_predict_matches_in_memory(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """torch.compile'd training past the budget with the offload on: the compiled
+    autograd function's saves go through the same hooks, the losses stay those in memory."""
+    from torch.utils._triton import has_triton
+
+    if not has_triton() or not (shutil.which("gcc") or shutil.which("cc")):
+        pytest.skip("Triton or a C compiler is missing on this host")
+
+    def run() -> list[float]:
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(
+            *[torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
+                                  torch.nn.Linear(4096, 1024)) for _ in range(6)]
+        ).cuda()
+        step_model = torch.compile(model)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(4096, 1024, device="cuda")
+        losses = []
+        for _ in range(5):
+            loss = step_model(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss))
+        return losses
+
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    in_memory = run()
+    _tiny_budget(um)  # ~600 MiB of saved activations and 200 MiB of weights over 256 MiB
+    um.configure(predict=True)
+    torch._dynamo.reset()
+    under = run()
+    print(f"[um] compiled, in memory {in_memory}\n[um] under the budget {under}")
+    print(f"[um] {um.predict_stats()}")
+    assert under == pytest.approx(in_memory, rel=1e-4, abs=1e-5)
+
+
 def _mlp(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
     """192 MiB of weights in 12 Linear layers whose forwards all run (nn.TransformerEncoderLayer's
     inference fast path runs its children's math without their forwards, so without their hooks)."""

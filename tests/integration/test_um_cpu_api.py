@@ -34,7 +34,7 @@ RESIDENCY = {
     "policy": "lru",
     "discard": "True",
     "hooks": "True",
-    "predict": "False",
+    "predict": "True",
     "predict_lookahead": str(1 << 30),
     "read_copies": "False",
     "host_alloc": "default",

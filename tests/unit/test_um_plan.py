@@ -39,9 +39,9 @@ def test_target_starts_at_zero_grows_by_evictions_and_shrinks_by_half_the_spare_
     assert t.bytes == 0  # the first forward is the plain policy
     assert t.update(evicted=700, room=0, saved=1000) == 700
     assert t.update(evicted=500, room=0, saved=1000) == 1000  # never past what was saved
-    assert t.update(evicted=0, room=500, saved=1000) == 800  # (500 - 100) / 2 less
-    assert t.update(evicted=300, room=300, saved=1000) == 700  # room at the end wins
-    assert t.update(evicted=0, room=80, saved=1000) == 700  # within the margin: kept
+    assert t.update(evicted=0, room=500, saved=1000) == 700  # 3/4 of (500 - 100) less
+    assert t.update(evicted=300, room=300, saved=1000) == 550  # room at the end wins
+    assert t.update(evicted=0, room=80, saved=1000) == 550  # within the margin: kept
     assert t.update(evicted=0, room=0, saved=300) == 300  # a smaller pattern caps it
 
 
@@ -80,7 +80,9 @@ class Device:
     def __post_init__(self) -> None:
         self.target = plan.OffloadTarget(margin=self.margin)
 
-    def step(self, saves: list[int], order_jitter: int = 0, rng: random.Random | None = None) -> Step:
+    def step(
+        self, saves: list[int], order_jitter: int = 0, rng: random.Random | None = None
+    ) -> Step:
         fwd = plan.ForwardPlan(self.target.bytes)
         queue = plan.PrefetchQueue(max_lookahead=1 << 30, lookahead=self.lookahead)
         entries: list[Any] = []  # strong references: autograd's packed saves

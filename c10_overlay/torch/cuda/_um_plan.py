@@ -28,10 +28,10 @@ class OffloadTarget:
     """Bytes of the next forward's saves to offload, learned from the forwards before.
 
     After each forward: room left on the device at the forward's end (where the saves
-    peak), past ``margin``, means too much left, so the target shrinks by half of it
-    (halving keeps it from oscillating); otherwise evictions the engine made during the
-    forward mean that too little left by copy, so the target grows by those bytes (the
-    overflow the copies did not cover).
+    peak), past ``margin``, means too much left, so the target shrinks by three quarters
+    of it (less than all of it keeps it from oscillating); otherwise evictions the
+    engine made during the forward mean that too little left by copy, so the target
+    grows by those bytes (the overflow the copies did not cover).
     The target never exceeds the bytes the last forward saved. The first forward
     offloads nothing: it is the plain residency policy, and its evictions are the
     first measurement. A pattern that changes (a new batch size, ``model.eval()``)
@@ -47,7 +47,7 @@ class OffloadTarget:
         if room > self.margin:
             # Room to spare at the end, where the saves peak: evictions during this
             # forward (data left cold by an earlier phase) were not for want of room.
-            target = self.bytes - (room - self.margin) // 2
+            target = self.bytes - (room - self.margin) * 3 // 4
         else:
             target = self.bytes + max(0, evicted)
         self.bytes = max(0, min(target, saved))

@@ -11,13 +11,17 @@ link's 52-55 GB/s each way. So, with ``predict:True`` and once the module hooks 
 hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) that:
 
 - pack: offload the earliest saves of the forward, those the backward reads last, up
-  to a target in bytes (``_um_plan.OffloadTarget``: grown by the bytes the engine had to
-  evict during a forward, shrunk by half the room left at its end). A save that leaves
-  is copied whole (its storage, once per storage and version) on a side stream into
-  page-locked host memory; autograd keeps the host copy, and the device block goes
-  back to the allocator when the forward drops the tensor (``record_stream`` keeps it
-  until the copy has read it). Parameters, small saves (< 1 MiB), tensors that are not
-  plain strided CUDA tensors, and saves made during a capture or a backward stay.
+  to a target in bytes (``_um_plan.OffloadTarget``: shrunk by most of the room left at
+  a forward's end, else grown by the bytes the engine had to evict during it). A save
+  that leaves is copied whole (its storage, once per storage and version) on a side
+  stream into page-locked host memory; autograd keeps the host copy, and the device
+  block goes back to the allocator when the forward drops the tensor (``record_stream``
+  keeps it until the copy has read it). The host waits for the oldest copy once more
+  than COPY_WINDOW bytes are in flight, so that the forward cannot outrun the link and
+  fill the device with blocks still being copied (``Offloader._throttle``). Page-locked
+  memory beyond what ``host_headroom`` leaves of host RAM is not taken: the forward
+  offloads less. Parameters, small saves (< 1 MiB), tensors that are not plain strided
+  CUDA tensors, and saves made during a capture or a backward stay.
 - unpack: the backward reads the saves in about the reverse order of saving, so each
   unpack brings the next ones back on another side stream, ahead of their use, as far
   as the lookahead (``predict_lookahead``, doubled from 256 MiB on each late use) and
@@ -110,11 +114,14 @@ Counters = Callable[[int], "tuple[int, int]"]  # device -> (evicted bytes so far
 class Offloader:
     """The hooks of Note [Saved-activation offload]; one per process (um.py owns it)."""
 
-    def __init__(self, counters: Counters, max_lookahead: int, margin: int) -> None:
+    def __init__(
+        self, counters: Counters, host_room: Callable[[], int], max_lookahead: int, margin: int
+    ) -> None:
         from torch.multiprocessing.reductions import StorageWeakRef
 
         self._weak = StorageWeakRef
         self._counters = counters
+        self._host_room = host_room
         self._lock = threading.Lock()
         self._tls = threading.local()
         self._streams: dict[tuple[int, str], torch.cuda.Stream] = {}
@@ -123,6 +130,7 @@ class Offloader:
         self.lookahead = 0
         self.margin = margin
         self.active = True
+        self.offloaded_last = 0  # the most bytes a forward has offloaded (buffers cached)
         self._latest: weakref.ref[plan.PrefetchQueue] | None = None
         self.stats = dict.fromkeys(
             (
@@ -136,6 +144,7 @@ class Offloader:
                 "misses",
                 "miss_bytes",
                 "failures",
+                "host_limited",
             ),
             0,
         )
@@ -181,6 +190,14 @@ class Offloader:
             queue = plan.PrefetchQueue(self.max_lookahead, self.lookahead)
             self._latest = weakref.ref(queue)
             target = self.target.bytes
+            # Page-locked buffers are host RAM the kernel cannot reclaim: a forward
+            # that would need more of it than host_headroom leaves offloads less (the
+            # host allocator keeps the last forward's buffers for the next one).
+            grow = max(0, target - self.offloaded_last)
+            room = self._host_room()
+            if grow > room:
+                target = max(0, target - (grow - room))
+                self.stats["host_limited"] += 1
         return _Forward(target, queue, params, device, self._counters(device)[0])
 
     def _end(self, fwd: _Forward) -> None:
@@ -193,6 +210,7 @@ class Offloader:
             self.target.update(evicted - fwd.evicted, room, fwd.plan.seen)
             self.stats["forwards"] += 1
             self.stats["offloaded_bytes"] += fwd.plan.offloaded
+            self.offloaded_last = max(self.offloaded_last, fwd.plan.offloaded)
             self.stats["kept_bytes"] += fwd.plan.seen - fwd.plan.offloaded
 
     # ---- saved-tensor hooks ------------------------------------------------------------

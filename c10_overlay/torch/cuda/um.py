@@ -194,6 +194,7 @@ def _bind(lib: ctypes.CDLL) -> None:
         ),
         "torch_um_touch": (c.c_longlong, [c.c_void_p, c.c_size_t, c.c_int, c.c_void_p, c.c_int]),
         "torch_um_under_pressure": (c.c_int, []),
+        "torch_um_host_room": (c.c_uint64, []),
         "torch_um_attach_events": (c.c_int, [c.c_char_p, c.c_size_t]),
         "torch_um_host_install": (c.c_int, [c.c_char_p, c.c_size_t]),
         "torch_um_host_scope": (c.c_int, [c.c_int]),
@@ -987,6 +988,11 @@ def _engine_counters(index: int) -> tuple[int, int]:
     return int(s.evict_bytes), max(0, int(room))
 
 
+def _host_room() -> int:
+    """Host RAM a new page-locked buffer may still take (torch_um_host_room)."""
+    return int(_lib.torch_um_host_room()) if _lib is not None else 0
+
+
 def _predictor() -> Any:
     """The process's offloader when ``predict:True``, else None."""
     global _offloader
@@ -999,7 +1005,7 @@ def _predictor() -> Any:
 
         budget = stats().get("um.device_budget_bytes", 0)
         margin = max(256 << 20, budget // 16)
-        _offloader = _um_predict.Offloader(_engine_counters, lookahead, margin)
+        _offloader = _um_predict.Offloader(_engine_counters, _host_room, lookahead, margin)
     _offloader.max_lookahead = lookahead
     return _offloader
 
@@ -1013,7 +1019,8 @@ def predict_stats() -> dict[str, int]:
     (a use found its bytes back), ``predict.late`` (still on their way),
     ``predict.misses`` / ``predict.miss_bytes`` (copied back at the use),
     ``predict.lookahead_bytes``, ``predict.failures`` (saves that stayed because
-    page-locked memory was refused)."""
+    page-locked memory was refused), ``predict.host_limited`` (forwards that offloaded
+    less to leave ``host_headroom`` of host RAM)."""
     return {} if _offloader is None else dict(_offloader.counters())
 
 

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/um/CudaCompat.h>
 #include <c10/cuda/um/HostAllocator.h>
+#include <c10/cuda/um/HostMemory.h>
 #include <c10/cuda/um/ErrorText.h>
 #include <c10/cuda/um/UnifiedMemory.h>
 #include <c10/util/Exception.h>
@@ -358,6 +359,19 @@ TORCH_UM_API long long torch_um_touch(
 TORCH_UM_API int torch_um_under_pressure(void) {
   try {
     return Engine::get().underPressure() ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+TORCH_UM_API uint64_t torch_um_host_room(void) {
+  try {
+    uint64_t avail = c10::cuda::um::availableHostBytes();
+    if (avail == UINT64_MAX) {
+      return avail;
+    }
+    uint64_t headroom = Engine::get().config().host_headroom;
+    return avail > headroom ? avail - headroom : 0;
   } catch (...) {
     return 0;
   }

@@ -50,7 +50,7 @@ struct Config {
   // the backward in the reverse order of saving, instead of being evicted by
   // migration (Note [Saved-activation offload], torch/cuda/_um_predict.py).
   // predict_lookahead bounds the bytes brought back ahead of their use.
-  bool predict = false;
+  bool predict = true;
   uint64_t predict_lookahead = 1ull << 30;
   // Data its user only reads (parameters in a forward without autograd)
   // comes back to the device as a read-only copy, which leaves without a

@@ -162,6 +162,12 @@ TORCH_UM_API long long torch_um_touch(
  * 90 % of its device budget, else 0. */
 TORCH_UM_API int torch_um_under_pressure(void);
 
+/* Host RAM a new host-resident allocation may still take: the lower of
+ * MemAvailable and the room under this process's cgroup v2 memory.max, less
+ * the configured host_headroom (0 when below it). UINT64_MAX when neither can
+ * be read. */
+TORCH_UM_API uint64_t torch_um_host_room(void);
+
 /* Managed host memory (Note [Managed host memory] in HostAllocator.h).
  * torch_um_host_install registers the engine's CPU allocator, which wraps
  * the one in place; idempotent. Returns 0, or -1 with a message in err. */
