@@ -217,6 +217,7 @@ def test_training_with_predict_matches_in_memory(torch_mod: Any, um: Any, limits
     assert got["predict.forwards"] - before.get("predict.forwards", 0) >= 6
     assert got["predict.offloaded_bytes"] > before.get("predict.offloaded_bytes", 0)
     assert got["predict.hits"] + got["predict.late"] > 0
+    assert got["predict.ahead_bytes"] > before.get("predict.ahead_bytes", 0)  # not all at use
     assert got["predict.failures"] == 0
     assert _on_device(um) <= BUDGET
 

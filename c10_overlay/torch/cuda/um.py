@@ -1004,7 +1004,7 @@ def _predictor() -> Any:
         from torch.cuda import _um_predict
 
         budget = stats().get("um.device_budget_bytes", 0)
-        margin = max(256 << 20, budget // 16)
+        margin = max(16 << 20, budget // 16)  # room the offload leaves unplanned
         _offloader = _um_predict.Offloader(_engine_counters, _host_room, lookahead, margin)
     _offloader.max_lookahead = lookahead
     return _offloader
