@@ -16,7 +16,7 @@ budget 8 GiB), modes:
   stock               stock torch, in memory, no limit
   um-nobudget         +um, device_budget 100 %
   um-static           +um, policy static, device_budget BUDGET
-  um                  +um, policy lru, device_budget BUDGET
+  um                  +um, policy lru with the module hooks, predict off, device_budget BUDGET
   um-prev             as um, with the previous engine: a +um torch staged from an earlier
                       commit's bundle (--prev-pythonpath; run only when that is given), so
                       that a change is measured against the policy before it in one run
@@ -130,8 +130,8 @@ PEER = {"train": "fsdp2-offload-ckpt", "infer": "accelerate"}
 UM_CONF = {
     "um-nobudget": "",
     "um-static": "policy:static",
-    "um": "policy:lru,hooks:True",
-    PREV: "policy:lru,hooks:True",
+    "um": "policy:lru,hooks:True,predict:False",  # the residency policy before prediction
+    PREV: "policy:lru,hooks:True",  # an earlier engine: its own defaults
     "um-nohooks": "policy:lru,hooks:False",
     "um-copies": "policy:lru,read_copies:True",
     "um-predict": "policy:lru,hooks:True,predict:True",

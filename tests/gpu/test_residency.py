@@ -222,6 +222,54 @@ def test_training_with_predict_matches_in_memory(torch_mod: Any, um: Any, limits
     assert _on_device(um) <= BUDGET
 
 
+def test_gpt2_training_with_predict_is_bit_exact(torch_mod: Any, um: Any, limits: Limits) -> None:
+    """The benchmark's model class (transformers' GPT2LMHeadModel: Conv1D, GELU-tanh,
+    layer norm, eager attention, tied embeddings), small, trained with AdamW past a
+    256 MiB budget with the offload on: with deterministic algorithms, the losses are
+    bit for bit those of the run in memory, so no save came back stale or misplaced."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=6, n_embd=512, n_head=8, vocab_size=4096, n_positions=256,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+        attn_implementation="eager",
+    )
+
+    def run() -> list[float]:
+        torch.manual_seed(5)
+        model = transformers.GPT2LMHeadModel(config).cuda().train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 4096, (16, 256), device="cuda",
+                            generator=torch.Generator("cuda").manual_seed(6))
+        losses = []
+        for _ in range(6):
+            opt.zero_grad(set_to_none=True)
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        return losses
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        release_cache(torch)
+        um.configure(device_budget="90%")
+        in_memory = [run(), run()]
+        _tiny_budget(um)
+        um.configure(predict=True)
+        before = um.predict_stats()
+        under = run()
+        got = um.predict_stats()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    print(f"[um] gpt2 in memory {in_memory}\n[um] gpt2 predict {under}\n[um] {got}")
+    assert got["predict.offloaded_bytes"] > before.get("predict.offloaded_bytes", 0)
+    assert got["predict.ahead_bytes"] > before.get("predict.ahead_bytes", 0)
+    if in_memory[0] == in_memory[1]:  # the model is deterministic on this GPU
+        assert under == in_memory[0]
+    else:
+        assert under == pytest.approx(in_memory[0], rel=1e-4)
+
+
 def test_compiled_training_with_predict_matches_in_memory(
     torch_mod: Any, um: Any, limits: Limits
 ) -> None:
