@@ -36,6 +36,10 @@ for as long as autograd keeps the save (``retain_graph`` reuses it). Autograd's
 version counter check still guards in-place changes; a change that bypasses it
 (``.data``) is seen by stock torch in the backward and not here.
 
+Not applied on a torch without ``torch._C._autograd._top_saved_tensors_default_hooks``
+(2.6 has none): there it could not tell whether the program pushed saved-tensor hooks of its
+own, which must not be overridden.
+
 Thread safety: pack runs on the forward's thread, unpack on autograd's; the shared
 state (target, queues, counters) is under one lock. Default hooks are per thread: a
 forward on a thread that did not enter through a module runs without them.
@@ -177,8 +181,10 @@ class Offloader:
             return None  # a forward run by a backward (checkpoint recomputation)
         ag = torch._C._autograd
         top = getattr(ag, "_top_saved_tensors_default_hooks", None)
-        if top is not None and top(False) is not None:
-            return None  # the program's own saved-tensor hooks (save_on_cpu, checkpoint)
+        if top is None or top(False) is not None:
+            # The program's own saved-tensor hooks (save_on_cpu, checkpoint) win; a torch
+            # that cannot tell whether there are any (2.6 has no such call) gets none of ours.
+            return None
         try:
             ag._push_saved_tensors_default_hooks(self.pack, self.unpack)
         except RuntimeError:
