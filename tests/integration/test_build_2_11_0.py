@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from build_scripts import abi, c_api, inject_path, matrix, pipeline, series
+from build_scripts.changes import overlay_python_files
 from build_scripts.fsutil import sha256_file
 from build_scripts.paths import REPO_ROOT, cache_root
 
@@ -38,7 +39,9 @@ from .conftest import (
 pytestmark = pytest.mark.integration
 VERSION = "2.11.0"
 PATCHED = ("torch/__init__.py", "torch/cuda/__init__.py")
-ADDED = ("torch/cuda/um.py", "torch/lib/libtorch_um.so")
+# The overlay's Python files (torch/cuda/um.py and the modules beside it) and the engine.
+OVERLAY_PY = overlay_python_files(REPO_ROOT / "c10_overlay")
+ADDED = (*OVERLAY_PY, "torch/lib/libtorch_um.so")
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +69,8 @@ def test_only_the_injection_files_differ_from_the_official_wheel(
     assert changed == {*PATCHED, "torch/version.py"}
     with zipfile.ZipFile(built.wheel) as b:
         assert b.read("torch/lib/libtorch_um.so") == built.rebuilt_library.read_bytes()
-        assert (
-            b.read("torch/cuda/um.py") == (REPO_ROOT / "c10_overlay/torch/cuda/um.py").read_bytes()
-        )
+        for name, source in OVERLAY_PY.items():
+            assert b.read(name) == source.read_bytes(), name
 
 
 def _added_lines(patch_text: str, path: str) -> list[str]:

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from build_scripts import abi, matrix, pipeline
+from build_scripts.changes import overlay_python_files
 from build_scripts.fsutil import sha256_file
+from build_scripts.paths import REPO_ROOT
 
 from .conftest import (
     Build,
@@ -66,11 +68,13 @@ def venv(install_wheel: Install, built: pipeline.BuildResult) -> Path:
 def test_only_the_rebuilt_library_and_the_api_differ_from_the_official_wheel(
     built: pipeline.BuildResult,
 ) -> None:
-    """libc10_cuda.so is replaced by the rebuilt one, torch/cuda/um.py is added, and
+    """libc10_cuda.so is replaced by the rebuilt one, torch/cuda/um.py (and the overlay's
+    other Python modules) is added, and
     torch/cuda/__init__.py gains exactly the import of patch 0004; nothing else changes."""
     official = official_wheel_for(VERSION)
     added, changed = wheel_difference(official, built.wheel)
-    assert added == {"torch/cuda/um.py"}
+    assert added == set(overlay_python_files(REPO_ROOT / "c10_overlay"))
+    assert "torch/cuda/um.py" in added
     assert changed == {"torch/lib/libc10_cuda.so", "torch/cuda/__init__.py", "torch/version.py"}
     with zipfile.ZipFile(official) as a, zipfile.ZipFile(built.wheel) as b:
         assert b.read("torch/lib/libc10_cuda.so") == built.rebuilt_library.read_bytes()

@@ -106,13 +106,16 @@ for conf in json.loads(sys.argv[1]):
 out["bad"] = bad
 pybad = {}
 for name, kwargs in {"bool_enabled": {"enabled": "yes"}, "negative": {"max_managed": -1},
-                     "bool_size": {"host_headroom": True}, "float_size": {"device_budget": 1.5}}.items():
+                     "bool_size": {"host_headroom": True}, "float_size": {"device_budget": 1.5},
+                     "str_predict": {"predict": "yes"},
+                     "small_lookahead": {"predict_lookahead": "4KiB"}}.items():
     try:
         um.configure(**kwargs)
         pybad[name] = None
     except (TypeError, ValueError) as e:
         pybad[name] = type(e).__name__
 out["pybad"] = pybad
+out["predict_stats"] = um.predict_stats()  # nothing ran under it: empty
 
 cpu = torch.ones(4)
 st = um.stats()
@@ -252,7 +255,10 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
         "negative": "ValueError",
         "bool_size": "TypeError",
         "float_size": "TypeError",
+        "str_predict": "TypeError",
+        "small_lookahead": "ValueError",  # the engine's message: at least 1MiB
     }
+    assert api["predict_stats"] == {}  # no forward ran past a budget
 
 
 def test_cpu_safe_helpers(api: dict[str, Any]) -> None:

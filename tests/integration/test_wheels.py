@@ -8,6 +8,8 @@ from typing import NamedTuple
 import pytest
 
 from build_scripts import abi, c_api, cli, inject_path, integration, matrix, pipeline, repack
+from build_scripts.changes import overlay_python_files
+from build_scripts.paths import REPO_ROOT
 
 from .conftest import (
     Build,
@@ -105,7 +107,7 @@ def test_only_what_the_path_changes_differs_from_the_official_wheel(
     m = matrix.load(v.version)
     edit = integration.for_version(m).wheel_edit(m)
     added, changed = wheel_difference(official_wheel_for(v.version), built.wheel)
-    overlay_added = {"torch/cuda/um.py"}
+    overlay_added = set(overlay_python_files(REPO_ROOT / "c10_overlay"))
     assert added == {*edit.added, *overlay_added}
     assert changed == {*edit.replaced, "torch/version.py"}
 
