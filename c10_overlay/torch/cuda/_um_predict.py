@@ -189,9 +189,13 @@ class Offloader:
             ag._push_saved_tensors_default_hooks(self.pack, self.unpack)
         except RuntimeError:
             return None  # saved-tensor hooks are disabled here
-        device = torch.cuda.current_device()
-        params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-        params.update(b.untyped_storage().data_ptr() for b in module.buffers())
+        own = [*module.parameters(), *module.buffers()]
+        params = {t.untyped_storage().data_ptr() for t in own}
+        # The engine's counters are per device: the module's, which need not be the
+        # current device (a DDP rank that never called torch.cuda.set_device).
+        device = next((t.device.index for t in own if t.is_cuda), None)
+        if device is None:
+            device = torch.cuda.current_device()
         with self._lock:
             queue = plan.PrefetchQueue(self.max_lookahead, self.lookahead)
             self._latest = weakref.ref(queue)
