@@ -346,7 +346,7 @@ class Offloader:
             ready = stored.back is None or stored.back.query()
             kind = stored.queue.use(stored, ready)
             self.stats[{"hit": "hits", "late": "late", "miss": "misses"}[kind]] += 1
-            if kind == "miss" or stored.gpu is None:
+            if kind == "miss":
                 self.stats["miss_bytes"] += stored.nbytes
                 self._bring_back(stored, compute, ahead=False)
             self.lookahead = max(self.lookahead, stored.queue.lookahead)

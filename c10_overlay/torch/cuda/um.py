@@ -26,7 +26,7 @@ allocation, and from :func:`configure` at run time::
     prefetch a new segment to where it was placed.
 ``predict``
     past the budget, saved activations leave the device by copy as the forward
-    saves them and come back ahead of the backward (off by default; counters in
+    saves them and come back ahead of the backward (on by default; counters in
     :func:`predict_stats`; ``predict_lookahead`` bounds the bytes brought back
     ahead). The other keys are listed in the repository's README.
 
@@ -445,9 +445,8 @@ def stats(device: DeviceLike = None) -> dict[str, int]:
     if _lib is None:
         return {}
     index = _device_index(device, allow_host=False)
-    s = _Stats()
-    s.struct_size = ctypes.sizeof(_Stats)
-    if _lib.torch_um_get_stats(index, ctypes.byref(s)) != 0:
+    s = _raw_stats(index)
+    if s is None:
         get_config()  # raises the engine's own message if PYTORCH_CUDA_UM_CONF is malformed
         raise ValueError(f"torch.cuda.um.stats: bad device {index}")
     out = {"um.enabled": int(is_enabled())}
@@ -455,6 +454,15 @@ def stats(device: DeviceLike = None) -> dict[str, int]:
         if name != "struct_size":
             out["um." + name] = int(getattr(s, name))
     return out
+
+
+def _raw_stats(index: int) -> _Stats | None:
+    """The engine's counters of device ``index`` as its C struct; None if it refuses."""
+    s = _Stats()
+    s.struct_size = ctypes.sizeof(_Stats)
+    if _lib is None or _lib.torch_um_get_stats(index, ctypes.byref(s)) != 0:
+        return None
+    return s
 
 
 def reset_peak() -> None:
@@ -980,9 +988,8 @@ _offloader: Any = None
 def _engine_counters(index: int) -> tuple[int, int]:
     """(bytes the engine has evicted from device ``index`` so far, free room under its
     budget: dead bytes count as free, the allocator reuses them without a move)."""
-    s = _Stats()
-    s.struct_size = ctypes.sizeof(_Stats)
-    if _lib is None or _lib.torch_um_get_stats(index, ctypes.byref(s)) != 0:
+    s = _raw_stats(index)
+    if s is None:
         return 0, 0
     room = s.device_budget_bytes + s.dead_device_bytes - s.device_placed_bytes
     return int(s.evict_bytes), max(0, int(room))
@@ -1003,7 +1010,8 @@ def _predictor() -> Any:
     if _offloader is None:
         from torch.cuda import _um_predict
 
-        budget = stats().get("um.device_budget_bytes", 0)
+        s = _raw_stats(_device_index(None, allow_host=False))
+        budget = int(s.device_budget_bytes) if s is not None else 0
         margin = max(16 << 20, budget // 16)  # room the offload leaves unplanned
         _offloader = _um_predict.Offloader(_engine_counters, _host_room, lookahead, margin)
     _offloader.max_lookahead = lookahead

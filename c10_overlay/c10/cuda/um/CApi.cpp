@@ -6,7 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/um/CudaCompat.h>
 #include <c10/cuda/um/HostAllocator.h>
-#include <c10/cuda/um/HostMemory.h>
+#include <c10/cuda/um/Policies.h>
 #include <c10/cuda/um/ErrorText.h>
 #include <c10/cuda/um/UnifiedMemory.h>
 #include <c10/util/Exception.h>
@@ -366,12 +366,7 @@ TORCH_UM_API int torch_um_under_pressure(void) {
 
 TORCH_UM_API uint64_t torch_um_host_room(void) {
   try {
-    uint64_t avail = c10::cuda::um::availableHostBytes();
-    if (avail == UINT64_MAX) {
-      return avail;
-    }
-    uint64_t headroom = Engine::get().config().host_headroom;
-    return avail > headroom ? avail - headroom : 0;
+    return c10::cuda::um::HostHeadroom{}.room(Engine::get().config());
   } catch (...) {
     return 0;
   }

@@ -44,9 +44,14 @@ std::optional<std::string> HostHeadroom::refuse(
 }
 
 bool HostHeadroom::fits(const Config& cfg, uint64_t to_host) const {
+  return room(cfg) >= to_host;
+}
+
+uint64_t HostHeadroom::room(const Config& cfg) const {
   const uint64_t host_available = availableHostBytes();
-  return host_available >= cfg.host_headroom &&
-      host_available - cfg.host_headroom >= to_host;
+  return host_available >= cfg.host_headroom
+      ? host_available - cfg.host_headroom
+      : 0;
 }
 
 } // namespace c10::cuda::um

@@ -40,6 +40,9 @@ class HostHeadroom {
   // The same rule for bytes that go to host RAM whatever the budget (managed
   // host memory for CPU tensors, Note [Managed host memory]).
   bool fits(const Config& cfg, uint64_t to_host) const;
+  // Host RAM still free past host_headroom: what fits() admits (0 below it;
+  // about UINT64_MAX when host memory cannot be read).
+  uint64_t room(const Config& cfg) const;
 };
 
 } // namespace c10::cuda::um

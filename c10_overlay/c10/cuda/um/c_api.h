@@ -162,10 +162,10 @@ TORCH_UM_API long long torch_um_touch(
  * 90 % of its device budget, else 0. */
 TORCH_UM_API int torch_um_under_pressure(void);
 
-/* Host RAM a new host-resident allocation may still take: the lower of
+/* Host RAM a new host-resident allocation may still take under the
+ * host_headroom rule (HostHeadroom::room in Policies.h): the lower of
  * MemAvailable and the room under this process's cgroup v2 memory.max, less
- * the configured host_headroom (0 when below it). UINT64_MAX when neither can
- * be read. */
+ * host_headroom; 0 below it, about UINT64_MAX when neither can be read. */
 TORCH_UM_API uint64_t torch_um_host_room(void);
 
 /* Managed host memory (Note [Managed host memory] in HostAllocator.h).
