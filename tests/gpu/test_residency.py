@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -212,7 +213,10 @@ def test_training_with_predict_matches_in_memory(torch_mod: Any, um: Any, limits
     got = um.predict_stats()
     print(f"[um] in memory {in_memory}\n[um] predict {under}\n[um] {got}")
     assert under[0] == pytest.approx(in_memory[0], rel=1e-4, abs=1e-5)
-    assert under[1] == pytest.approx(in_memory[1], rel=1e-4, abs=1e-3)
+    # The eval output's sum (about 21 over 2 M values of either sign) moves by up to 1e-4
+    # between two runs in memory (21.1474 and 21.1495 on two H200 workers): this model's
+    # kernels are not deterministic. The bit-exact tests below are the exact checks.
+    assert under[1] == pytest.approx(in_memory[1], rel=5e-4)
     # The offload ran (hooks are installed once the budget is passed: not on step one).
     assert got["predict.forwards"] - before.get("predict.forwards", 0) >= 6
     assert got["predict.offloaded_bytes"] > before.get("predict.offloaded_bytes", 0)
@@ -264,10 +268,88 @@ def test_gpt2_training_with_predict_is_bit_exact(torch_mod: Any, um: Any, limits
     print(f"[um] gpt2 in memory {in_memory}\n[um] gpt2 predict {under}\n[um] {got}")
     assert got["predict.offloaded_bytes"] > before.get("predict.offloaded_bytes", 0)
     assert got["predict.ahead_bytes"] > before.get("predict.ahead_bytes", 0)
+    # AdamW's state was staged (Note [Optimizer state staging]).
+    assert got["predict.optimizer_steps"] > before.get("predict.optimizer_steps", 0)
     if in_memory[0] == in_memory[1]:  # the model is deterministic on this GPU
         assert under == in_memory[0]
     else:
         assert under == pytest.approx(in_memory[0], rel=1e-4)
+
+
+def _staged_run(
+    make_opt: Callable[[Any], Any], um: Any = None, hooked: bool = False
+) -> tuple[list[float], list[Any]]:
+    """Eight steps of a 6-layer MLP (57 MB of fp32 weights, as much in gradients, ~300 MB
+    of saves) with the given optimizer; the losses and the final weights (on the CPU).
+    With ``um``, the optimizer state is sent to host RAM after each step, as a larger
+    forward would push it there: this small model's state would otherwise stay on the
+    device, with no room left to stage it into."""
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(
+        *[torch.nn.Sequential(torch.nn.Linear(1536, 1536), torch.nn.Tanh()) for _ in range(6)]
+    ).cuda()
+    opt = make_opt(model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    if hooked:  # a step hook of the program's own: the step is not staged
+        opt.register_step_pre_hook(lambda o, a, k: None)
+    x = torch.randn(4096, 1536, device="cuda", generator=torch.Generator("cuda").manual_seed(12))
+    losses = []
+    for _ in range(8):
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if um is not None:
+            um.prefetch([t for st in opt.state.values() for t in st.values()
+                         if isinstance(t, torch.Tensor) and t.is_cuda], "cpu")
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+STAGED_OPTIMIZERS = {
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+    "adam-amsgrad-wd": lambda ps: torch.optim.Adam(ps, lr=1e-3, amsgrad=True, weight_decay=0.01),
+    "sgd-nesterov": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
+    "rmsprop-centered": lambda ps: torch.optim.RMSprop(ps, lr=1e-4, momentum=0.5, centered=True),
+    "adamw-forloop": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGED_OPTIMIZERS))
+def test_optimizer_staging_is_bit_exact(
+    torch_mod: Any, um: Any, limits: Limits, name: str
+) -> None:
+    """Note [Optimizer state staging]: past the budget, the optimizer's state is staged on
+    the device chunk by chunk for its step. The weights after eight steps (with an LR
+    scheduler) are bit for bit those of the run in memory; a program's own step hook
+    turns the staging off and still gives the same bits."""
+    make = STAGED_OPTIMIZERS[name]
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        release_cache(torch)
+        um.configure(device_budget="90%")
+        in_memory = _staged_run(make)
+        _tiny_budget(um)
+        um.configure(predict=True)
+        before = um.predict_stats()
+        staged = _staged_run(make, um)
+        mid = um.predict_stats()
+        hooked = _staged_run(make, um, hooked=True)
+        got = um.predict_stats()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    print(f"[um] {name}: in memory {in_memory[0]}\n[um] staged {staged[0]}\n[um] {got}")
+    for run in (staged, hooked):
+        assert run[0] == in_memory[0]
+        assert all(torch.equal(a, b) for a, b in zip(run[1], in_memory[1], strict=True))
+    # Staged from the step after the budget was passed, in more than one chunk.
+    steps = mid["predict.optimizer_steps"] - before.get("predict.optimizer_steps", 0)
+    chunks = mid["predict.optimizer_chunks"] - before.get("predict.optimizer_chunks", 0)
+    assert steps >= 2 and chunks > steps, (steps, chunks)
+    assert got["predict.optimizer_steps"] == mid["predict.optimizer_steps"]  # the hooked run
+    assert got["predict.optimizer_skipped"] > mid.get("predict.optimizer_skipped", 0)
+    assert _on_device(um) <= BUDGET
 
 
 def test_compiled_training_with_predict_matches_in_memory(

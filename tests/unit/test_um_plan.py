@@ -213,3 +213,17 @@ def test_the_queue_never_brings_back_past_the_room(room: int) -> None:
     before = q.lookahead
     assert q.use(entries[1], ready=False) == ("miss" if room < 20 else "late")
     assert q.lookahead == min(q.max_lookahead, before * 2)
+
+
+def test_state_chunks_cover_every_parameter_once_in_order() -> None:
+    assert plan.state_chunks([], 10) == []
+    assert plan.state_chunks([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]
+    assert plan.state_chunks([4, 20, 4, 0, 4], 8) == [[0], [1], [2, 3, 4]]  # too big: alone
+    rng = random.Random(3)
+    for _ in range(200):
+        sizes = [rng.choice([0, 1, 3, 8, 40]) for _ in range(rng.randrange(1, 30))]
+        limit = rng.choice([1, 8, 16, 64])
+        runs = plan.state_chunks(sizes, limit)
+        assert [i for run in runs for i in run] == list(range(len(sizes)))
+        for run in runs:
+            assert len(run) == 1 or sum(sizes[i] for i in run) <= limit

@@ -1,8 +1,9 @@
 """Decisions of the saved-activation offload (Note [Saved-activation offload] in
-``torch/cuda/_um_predict.py``), kept apart from the CUDA work so that they can be
-tested on traces without a GPU: pure Python, no torch import.
+``torch/cuda/_um_predict.py``) and of the optimizer state staging (Note [Optimizer
+state staging] in ``torch/cuda/_um_optim.py``), kept apart from the CUDA work so that
+they can be tested on traces without a GPU: pure Python, no torch import.
 
-Three small parts, one job each:
+Four small parts, one job each:
 
 - :class:`OffloadTarget` learns, one forward at a time, how many bytes of saved
   activations must leave the device so that the forward stays under the budget;
@@ -10,7 +11,9 @@ Three small parts, one job each:
   leave, since the backward reads them last;
 - :class:`PrefetchQueue` brings the saves that left back in the reverse order of
   saving, as far ahead of their use as the lookahead and the free room allow, and
-  widens the lookahead when a use finds its bytes not yet there.
+  widens the lookahead when a use finds its bytes not yet there;
+- :func:`state_chunks` cuts an optimizer's parameters into runs whose state fits the
+  room one staged chunk may take.
 
 Not thread-safe: the caller (``_um_predict.Offloader``) holds its lock around every call.
 """
@@ -144,3 +147,22 @@ class PrefetchQueue:
 
     def _widen(self) -> None:
         self.lookahead = min(self.max_lookahead, self.lookahead * 2)
+
+
+def state_chunks(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive runs of indices into ``sizes`` (state bytes per parameter, in the
+    optimizer's order), each run's total at most ``limit``; a parameter whose state
+    alone is larger than ``limit`` is a run of its own. Every index appears once, in
+    order, so that a step over the runs one after another updates each parameter once."""
+    runs: list[list[int]] = []
+    run: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if run and total + n > limit:
+            runs.append(run)
+            run, total = [], 0
+        run.append(i)
+        total += n
+    if run:
+        runs.append(run)
+    return runs

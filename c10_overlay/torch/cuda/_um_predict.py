@@ -25,8 +25,9 @@ hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) t
 - unpack: the backward reads the saves in about the reverse order of saving, so each
   unpack brings the next ones back on another side stream, ahead of their use, as far
   as the lookahead (``predict_lookahead``, doubled from 256 MiB on each late use) and
-  the room under the budget allow (``_um_plan.PrefetchQueue``). A save not brought back
-  in time is copied at its use, on the compute stream.
+  the room under the budget allow (``_um_plan.PrefetchQueue``), into blocks of the
+  compute stream's pool. A save not brought back in time is copied at its use, on
+  the compute stream.
 
 Correctness does not depend on any prediction: a wrong target or order only moves
 bytes at another time. The unpacked tensor is a view, with the saved tensor's size,
@@ -312,13 +313,21 @@ class Offloader:
         return _Stored(nbytes, host, saved, device, queue, self._weak(storage))
 
     def _bring_back(self, stored: _Stored, stream: torch.cuda.Stream, ahead: bool) -> None:
+        # The buffer comes from the compute stream's pool, made of the blocks the
+        # backward frees as it goes; the side stream's own pool would hold none of
+        # them, and the engine would make room for new blocks by discarding cached
+        # ones and placing them again (bench/README.md, prediction step 11). The copy
+        # waits for the compute stream's work so far: the block's last users.
+        gpu = torch.empty(stored.nbytes, dtype=torch.uint8, device=stored.device)
+        if ahead:
+            stream.wait_stream(torch.cuda.current_stream(stored.device))
         with torch.cuda.stream(stream):
             stream.wait_event(stored.saved)
-            gpu = torch.empty(stored.nbytes, dtype=torch.uint8, device=stored.device)
             gpu.copy_(stored.host, non_blocking=True)
             if ahead:
                 stored.back = torch.cuda.Event()
                 stored.back.record(stream)
+                gpu.record_stream(stream)  # a save never used may be freed before its copy ends
         stored.gpu = gpu
 
     def _pump(self, queue: plan.PrefetchQueue, device: torch.device) -> None:
@@ -355,7 +364,6 @@ class Offloader:
         assert gpu is not None
         if stored.back is not None:
             compute.wait_event(stored.back)
-            gpu.record_stream(compute)
         out = torch.empty(0, dtype=packed.dtype, device=device)
         out.set_(gpu.untyped_storage(), packed.offset, packed.size, packed.stride)
         return out

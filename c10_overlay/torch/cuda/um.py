@@ -26,7 +26,8 @@ allocation, and from :func:`configure` at run time::
     prefetch a new segment to where it was placed.
 ``predict``
     past the budget, saved activations leave the device by copy as the forward
-    saves them and come back ahead of the backward (on by default; counters in
+    saves them and come back ahead of the backward, and an optimizer's state is
+    staged on the device for its step, chunk by chunk (on by default; counters in
     :func:`predict_stats`; ``predict_lookahead`` bounds the bytes brought back
     ahead). The other keys are listed in the repository's README.
 
@@ -955,6 +956,15 @@ def _install_hooks() -> None:
     global _hooks_installed
     if _hooks_installed:
         return
+    try:
+        _register_hooks()
+    except Exception:
+        _remove_hooks()  # none or all: a half-installed set would run twice next time
+        raise
+    _hooks_installed = True
+
+
+def _register_hooks() -> None:
     from torch.nn.modules import module as nn_module
 
     _hook_handles.append(nn_module.register_module_forward_pre_hook(_pre_forward))
@@ -966,13 +976,15 @@ def _install_hooks() -> None:
         _hook_handles.append(
             nn_module.register_module_forward_hook(offloader.exit, always_call=True)
         )
-    _hooks_installed = True
+        _hook_handles.extend(_optimizer_stager(offloader.margin).install())
 
 
 def _remove_hooks() -> None:
     global _hooks_installed
     if _offloader is not None:
         _offloader.active = False
+    if _stager is not None:
+        _stager.active = False
     while _hook_handles:
         handle = _hook_handles.pop()
         handle.remove()  # type: ignore[attr-defined]
@@ -1018,6 +1030,23 @@ def _predictor() -> Any:
     return _offloader
 
 
+_stager: Any = None
+
+
+def _optimizer_stager(margin: int) -> Any:
+    """The process's optimizer state stager (Note [Optimizer state staging],
+    torch/cuda/_um_optim.py), made on first use."""
+    global _stager
+    if _stager is None:
+        from torch.cuda import _um_optim
+
+        def room(index: int) -> int:
+            return max(0, _engine_counters(index)[1] - margin)
+
+        _stager = _um_optim.Stager(room)
+    return _stager
+
+
 def predict_stats() -> dict[str, int]:
     """Counters of the saved-activation offload (``predict:True``), empty before its
     first use: ``predict.forwards`` (forwards run under it), ``predict.target_bytes``
@@ -1028,8 +1057,16 @@ def predict_stats() -> dict[str, int]:
     ``predict.misses`` / ``predict.miss_bytes`` (copied back at the use),
     ``predict.lookahead_bytes``, ``predict.failures`` (saves that stayed because
     page-locked memory was refused), ``predict.host_limited`` (forwards that offloaded
-    less to leave ``host_headroom`` of host RAM)."""
-    return {} if _offloader is None else dict(_offloader.counters())
+    less to leave ``host_headroom`` of host RAM); and of the optimizer state staging
+    (Note [Optimizer state staging], torch/cuda/_um_optim.py):
+    ``predict.optimizer_steps`` / ``predict.optimizer_chunks`` /
+    ``predict.optimizer_staged_bytes`` (steps run staged, their chunks and the state
+    bytes staged) and ``predict.optimizer_skipped`` (steps past the budget that ran as
+    usual: an optimizer it does not stage, see the Note)."""
+    out = {} if _offloader is None else dict(_offloader.counters())
+    if _stager is not None:
+        out.update(_stager.counters())
+    return out
 
 
 def _hooks_wanted() -> bool:
@@ -1046,8 +1083,18 @@ def _watch_pressure() -> None:
         while True:
             time.sleep(0.1)
             wanted = bool(lib.torch_um_under_pressure()) and _hooks_wanted()
-            if wanted != _hooks_installed:
+            if wanted == _hooks_installed:
+                continue
+            try:
                 _install_hooks() if wanted else _remove_hooks()
+            except Exception as e:
+                # The residency policy goes on from block events alone (hooks:False).
+                warnings.warn(
+                    f"torch.cuda.um: the module hooks could not be installed ({e!r}); "
+                    "running without them",
+                    stacklevel=1,
+                )
+                return
 
     threading.Thread(target=watch, name="torch.cuda.um pressure watch", daemon=True).start()
 

@@ -1,0 +1,247 @@
+"""Optimizer state past the budget is staged on the device for the step, chunk by chunk.
+
+Note [Optimizer state staging]
+Past the budget, the optimizer state (Adam's ``exp_avg`` and ``exp_avg_sq``, SGD's
+momentum) is the coldest data of a training step: the step reads and writes it once,
+nothing else touches it, so the residency policy leaves it in host RAM and the step's
+kernels read and write it there in place. A foreach optimizer makes several passes over
+it: AdamW reads ``exp_avg`` twice and ``exp_avg_sq`` three times and writes them three
+times in all, so that for a 1.28 B bf16 model 12.8 GB cross the link in and 7.7 GB out,
+0.29 s of a 0.8 s step on the H200 host (bench/README.md, prediction steps 8 and 10),
+where the step takes 0.016 s in device memory. Staged, each byte crosses once each way:
+5.1 GB in and 5.1 GB out, both directions at once.
+
+So, with ``predict:True`` and while the module hooks are on (Note [Use signals], um.py),
+a global optimizer-step pre-hook runs the step itself, in chunks:
+
+- the parameters with a gradient are cut, in the optimizer's order, into runs whose
+  state (tensors of at least MIN_BYTES) fits a quarter of the free room under the
+  budget (``_um_plan.state_chunks``): two chunks' buffers are live at a time, and the
+  step's own temporaries take up to as much again;
+- per chunk, on the compute stream: device buffers are taken from the allocator (the
+  blocks the backward freed), one copy kernel brings the chunk's state into them and
+  takes the chunk before's back out to its original tensors (one kernel reading and
+  writing host RAM uses the link both ways; two copies on two streams take turns on
+  it), the state entries are pointed at the buffers, the optimizer's own step runs
+  (unhooked) with every parameter group narrowed to the chunk, and the entries are
+  pointed back. The last chunk's copy back closes the step;
+- the step that follows the hook then runs over empty parameter groups (it does
+  nothing, but counts as the step: LR schedulers and ``_optimizer_step_code`` see one
+  step), and the post-hook puts the groups back. Everything is ordered on the compute
+  stream, so anything after the step reads the updated state.
+
+The result is exactly the stock step's. The optimizers staged (ELEMENTWISE, exact
+types from torch.optim) update each parameter from its own gradient and state alone,
+element by element, and skip parameters without a gradient; a foreach kernel applies
+the same arithmetic to an element whatever list it is part of. So a step over the
+chunks one after the other updates every parameter once, with the same bits. A state
+entry the step replaces instead of updating in place is kept as replaced, not copied
+back over.
+
+Not staged (the step runs as usual): another optimizer type or a subclass, a step
+given a closure, fused, capturable or differentiable groups, sparse gradients,
+parameters on several devices, a step under torch.compile or a CUDA graph capture, an
+optimizer with step hooks of its own or other global step hooks (they would see the
+narrowed groups, or run after the update they expect to precede), the first step
+(there is no state yet) and too little room for a chunk.
+
+Thread safety: the hooks may run on any thread; what one step holds is keyed by its
+optimizer, and the counters are under a lock. Two threads stepping one optimizer at
+once is as unsupported as it is in stock torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.cuda import _um_plan as plan
+from torch.optim import optimizer as _optimizer  # torch.optim does not export the module
+
+MIN_BYTES = 1 << 20  # smaller state (step counters, scalars) is read in place
+MIN_CHUNK = 16 << 20  # less room than this for a chunk: the step runs as usual
+# torch.optim's optimizers that update each parameter from its own gradient and state,
+# element by element (Note [Optimizer state staging]).
+ELEMENTWISE = frozenset(
+    {"Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam"}
+)
+
+Room = Callable[[int], int]  # device index -> free bytes under the budget, past the margin
+
+
+def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """Copy by one foreach kernel on the current stream, whichever side each pair is in
+    host RAM. Two copies on two streams, one in and one out, take turns on the link
+    (25.7-25.9 GB/s each way for either copy_ or a kernel, against 51-52 GB/s for one
+    alone: bench/stage_routes_probe.py); one kernel reading and writing host RAM at once
+    is how AdamW's in-place step reaches about 70 GB/s in all."""
+    if dst:
+        torch._foreach_copy_(dst, src)
+
+
+class _Swap:
+    """One state entry staged for one chunk: where it lives and its device buffer."""
+
+    __slots__ = ("buffer", "key", "original", "state")
+
+    def __init__(self, state: dict[str, Any], key: str, original: torch.Tensor) -> None:
+        self.state = state
+        self.key = key
+        self.original = original
+        self.buffer = torch.empty_like(original)
+
+
+class Stager:
+    """The pre- and post-hook of Note [Optimizer state staging]; one per process."""
+
+    def __init__(self, room: Room) -> None:
+        self._room = room
+        self._lock = threading.Lock()
+        self._held: dict[int, list[list[Any]]] = {}  # id(optimizer) -> the groups' params
+        self.active = True
+        self.stats = dict.fromkeys(("steps", "chunks", "staged_bytes", "skipped"), 0)
+
+    # ---- eligibility -----------------------------------------------------------------
+
+    def _why_not(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: Any) -> str:
+        cls = type(opt)
+        if cls.__name__ not in ELEMENTWISE or not cls.__module__.startswith("torch.optim."):
+            return "type"
+        if any(a is not None for a in args[1:]) or any(v is not None for v in kwargs.values()):
+            return "closure"
+        if getattr(cls.step, "__wrapped__", None) is None:
+            return "unhooked"
+        if opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks:
+            return "hooks"
+        if list(_optimizer._global_optimizer_pre_hooks.values()) != [self.before] or list(
+            _optimizer._global_optimizer_post_hooks.values()
+        ) != [self.after]:
+            return "hooks"
+        for group in opt.param_groups:
+            if group.get("fused") or group.get("capturable") or group.get("differentiable"):
+                return "flags"
+        if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+            return "capture"
+        return ""
+
+    # ---- hooks -------------------------------------------------------------------------
+
+    def install(self) -> list[Any]:
+        """Register the global step hooks; returns their handles."""
+        self.active = True
+        return [
+            _optimizer.register_optimizer_step_pre_hook(self.before),
+            _optimizer.register_optimizer_step_post_hook(self.after),
+        ]
+
+    def before(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: Any) -> None:
+        self.after(opt, args, kwargs)  # a step that raised left its groups narrowed
+        if not self.active:
+            return
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        if not params:
+            return
+        device = params[0].device
+        if (
+            self._why_not(opt, args, kwargs)
+            or device.type != "cuda"
+            or any(p.device != device or p.grad.is_sparse for p in params)
+        ):
+            with self._lock:
+                self.stats["skipped"] += 1
+            return
+        sizes = [self._state_bytes(opt.state.get(p, {}), device) for p in params]
+        limit = self._room(device.index or 0) // 4
+        if sum(sizes) == 0 or limit < MIN_CHUNK:
+            return  # the first step (no state yet), or no room to stage into
+        groups = opt.param_groups
+        kept = [g["params"] for g in groups]
+        step = type(opt).step.__wrapped__
+        chunks = plan.state_chunks(sizes, limit)
+        try:
+            staged = self._run(opt, step, params, chunks, device)
+        finally:
+            for g, ps in zip(groups, kept, strict=True):
+                g["params"] = ps
+        # The step that follows runs over empty groups; after() puts them back.
+        for g in groups:
+            g["params"] = []
+        with self._lock:
+            self._held[id(opt)] = kept
+            self.stats["steps"] += 1
+            self.stats["chunks"] += len(chunks)
+            self.stats["staged_bytes"] += staged
+
+    def after(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: Any) -> None:
+        with self._lock:
+            kept = self._held.pop(id(opt), None)
+        if kept is not None:  # a group added since keeps its own parameters
+            for g, ps in zip(opt.param_groups, kept, strict=False):
+                g["params"] = ps
+
+    # ---- the staged step ---------------------------------------------------------------
+
+    @staticmethod
+    def _stageable(t: object, device: torch.device) -> bool:
+        return (
+            isinstance(t, torch.Tensor)
+            and type(t) is torch.Tensor
+            and t.device == device
+            and t.layout == torch.strided
+            and t.is_contiguous()
+            and t.untyped_storage().nbytes() >= MIN_BYTES
+        )
+
+    def _state_bytes(self, state: dict[str, Any], device: torch.device) -> int:
+        return sum(t.nbytes for t in state.values() if self._stageable(t, device))
+
+    def _run(
+        self,
+        opt: torch.optim.Optimizer,
+        step: Callable[[torch.optim.Optimizer], Any],
+        params: list[torch.Tensor],
+        chunks: list[list[int]],
+        device: torch.device,
+    ) -> int:
+        """The chunks' steps, all on the compute stream: one copy launch per chunk brings
+        its state in and takes the chunk before's back out (both directions in one
+        kernel), so no event or side stream orders the buffers, and the allocator
+        reuses a chunk's buffers once the launch after its step has read them."""
+        group_of = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
+        staged = 0
+        done: list[_Swap] = []  # the chunk before: updated on the device, not copied back
+        try:
+            for chunk in chunks:
+                members = [params[i] for i in chunk]
+                swaps: list[_Swap] = []
+                for p in members:
+                    state = opt.state.get(p, {})
+                    for key, t in list(state.items()):
+                        if self._stageable(t, device):
+                            swaps.append(_Swap(state, key, t))
+                _copy(
+                    [*(s.buffer for s in swaps), *(s.original for s in done)],
+                    [*(s.original for s in swaps), *(s.buffer for s in done)],
+                )
+                done = []
+                for s in swaps:
+                    s.state[s.key] = s.buffer
+                    staged += s.original.nbytes
+                for i, g in enumerate(opt.param_groups):
+                    g["params"] = [p for p in members if group_of[id(p)] == i]
+                try:
+                    step(opt)
+                finally:
+                    # An entry the step replaced instead of updating keeps its new value.
+                    done = [s for s in swaps if s.state.get(s.key) is s.buffer]
+                    for s in done:
+                        s.state[s.key] = s.original
+        finally:
+            _copy([s.original for s in done], [s.buffer for s in done])
+        return staged
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return {f"predict.optimizer_{k}": v for k, v in self.stats.items()}
