@@ -9,7 +9,8 @@ it: AdamW reads ``exp_avg`` twice and ``exp_avg_sq`` three times and writes them
 times in all, so that for a 1.28 B bf16 model 12.8 GB cross the link in and 7.7 GB out,
 0.29 s of a 0.8 s step on the H200 host (bench/README.md, prediction steps 8 and 10),
 where the step takes 0.016 s in device memory. Staged, each byte crosses once each way:
-5.1 GB in and 5.1 GB out, both directions at once.
+5.1 GB in and 5.1 GB out. Reads and writes of managed memory in host RAM share about
+52 GB/s between them (bench/stage_routes_probe.py), so that is about 0.2 s.
 
 So, with ``predict:True`` and while the module hooks are on (Note [Use signals], um.py),
 a global optimizer-step pre-hook runs the step itself, in chunks:
@@ -20,11 +21,13 @@ a global optimizer-step pre-hook runs the step itself, in chunks:
   step's own temporaries take up to as much again;
 - per chunk, on the compute stream: device buffers are taken from the allocator (the
   blocks the backward freed), one copy kernel brings the chunk's state into them and
-  takes the chunk before's back out to its original tensors (one kernel reading and
-  writing host RAM uses the link both ways; two copies on two streams take turns on
-  it), the state entries are pointed at the buffers, the optimizer's own step runs
-  (unhooked) with every parameter group narrowed to the chunk, and the entries are
-  pointed back. The last chunk's copy back closes the step;
+  takes the chunk before's back out to its original tensors, the state entries are
+  pointed at the buffers, the optimizer's own step runs (unhooked) with every
+  parameter group narrowed to the chunk, and the entries are pointed back. The last
+  chunk's copy back closes the step. Everything staged stays on the compute stream:
+  copies on two side streams would let the steps overlap them (0.185 s against
+  0.219 s for the model above), but that version lost bit-exactness with SGD in one
+  run, for a reason not found yet (bench/README.md, prediction step 11);
 - the step that follows the hook then runs over empty parameter groups (it does
   nothing, but counts as the step: LR schedulers and ``_optimizer_step_code`` see one
   step), and the post-hook puts the groups back. Everything is ordered on the compute
@@ -72,11 +75,10 @@ Room = Callable[[int], int]  # device index -> free bytes under the budget, past
 
 
 def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    """Copy by one foreach kernel on the current stream, whichever side each pair is in
-    host RAM. Two copies on two streams, one in and one out, take turns on the link
-    (25.7-25.9 GB/s each way for either copy_ or a kernel, against 51-52 GB/s for one
-    alone: bench/stage_routes_probe.py); one kernel reading and writing host RAM at once
-    is how AdamW's in-place step reaches about 70 GB/s in all."""
+    """Copy by one foreach kernel launch on the current stream, whichever side of each
+    pair is in host RAM (``copy_`` would issue one cudaMemcpy per tensor; either way
+    the link moves 51-52 GB/s one way, or about 26 GB/s each way when reads and writes
+    share it: bench/stage_routes_probe.py)."""
     if dst:
         torch._foreach_copy_(dst, src)
 
