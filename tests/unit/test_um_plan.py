@@ -2,7 +2,9 @@
 [Saved-activation offload] in torch/cuda/_um_predict.py) on synthetic training traces,
 against a simulated device: a repeating pattern is learned (the forward stops evicting
 and the backward finds its saves back before use), a changed pattern is learned again,
-and no save is lost, brought back twice, or brought back past the free room."""
+and no save is lost, brought back twice, or brought back past the free room. Also the
+chunking of Note [Optimizer state staging] (torch/cuda/_um_optim.py): every parameter is
+stepped once, in order."""
 
 from __future__ import annotations
 
