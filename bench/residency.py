@@ -23,7 +23,9 @@ budget 8 GiB), modes:
   um-nohooks          +um, policy lru driven by block events alone (hooks:False)
   um-predict          as um, with predict:True: saved activations past the budget leave by
                       copy and come back ahead of the backward (Note [Saved-activation
-                      offload], torch/cuda/_um_predict.py); the record adds predict_stats
+                      offload], torch/cuda/_um_predict.py), and AdamW's state is staged
+                      on the device for the step (Note [Optimizer state staging],
+                      torch/cuda/_um_optim.py); the record adds predict_stats
   fsdp2-offload-ckpt  stock torch, single-process FSDP2 (fully_shard per GPT2Block and root,
                       CPUOffloadPolicy), HF gradient checkpointing, memory fraction BUDGET/total
   stock-fraction      stock torch at memory fraction BUDGET/total (expected: out of memory)
