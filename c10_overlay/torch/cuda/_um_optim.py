@@ -30,8 +30,8 @@ a global optimizer-step pre-hook runs the step itself, in chunks:
   run, for a reason not found yet (bench/README.md, prediction step 11);
 - the step that follows the hook then runs over empty parameter groups (it does
   nothing, but counts as the step: LR schedulers and ``_optimizer_step_code`` see one
-  step), and the post-hook puts the groups back. Everything is ordered on the compute
-  stream, so anything after the step reads the updated state.
+  step), and the post-hook puts the groups back. Anything after the step, on the
+  compute stream, reads the updated state.
 
 The result is exactly the stock step's. The optimizers staged (ELEMENTWISE, exact
 types from torch.optim) update each parameter from its own gradient and state alone,
@@ -107,26 +107,26 @@ class Stager:
 
     # ---- eligibility -----------------------------------------------------------------
 
-    def _why_not(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: Any) -> str:
+    def _eligible(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: Any) -> bool:
+        """Not in the Note's "Not staged" list (before() checks the parameters)."""
         cls = type(opt)
-        if cls.__name__ not in ELEMENTWISE or not cls.__module__.startswith("torch.optim."):
-            return "type"
-        if any(a is not None for a in args[1:]) or any(v is not None for v in kwargs.values()):
-            return "closure"
-        if getattr(cls.step, "__wrapped__", None) is None:
-            return "unhooked"
-        if opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks:
-            return "hooks"
-        if list(_optimizer._global_optimizer_pre_hooks.values()) != [self.before] or list(
-            _optimizer._global_optimizer_post_hooks.values()
-        ) != [self.after]:
-            return "hooks"
-        for group in opt.param_groups:
-            if group.get("fused") or group.get("capturable") or group.get("differentiable"):
-                return "flags"
-        if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
-            return "capture"
-        return ""
+        return (
+            cls.__name__ in ELEMENTWISE
+            and cls.__module__.startswith("torch.optim.")
+            and all(a is None for a in args[1:])  # no closure
+            and all(v is None for v in kwargs.values())
+            and getattr(cls.step, "__wrapped__", None) is not None
+            and not opt._optimizer_step_pre_hooks
+            and not opt._optimizer_step_post_hooks
+            and list(_optimizer._global_optimizer_pre_hooks.values()) == [self.before]
+            and list(_optimizer._global_optimizer_post_hooks.values()) == [self.after]
+            and not any(
+                g.get("fused") or g.get("capturable") or g.get("differentiable")
+                for g in opt.param_groups
+            )
+            and not torch.compiler.is_compiling()
+            and not torch.cuda.is_current_stream_capturing()
+        )
 
     # ---- hooks -------------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class Stager:
             return
         device = params[0].device
         if (
-            self._why_not(opt, args, kwargs)
+            not self._eligible(opt, args, kwargs)
             or device.type != "cuda"
             or any(p.device != device or p.grad.is_sparse for p in params)
         ):

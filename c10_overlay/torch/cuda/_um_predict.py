@@ -330,12 +330,16 @@ class Offloader:
                 gpu.record_stream(stream)  # a save never used may be freed before its copy ends
         stored.gpu = gpu
 
+    def room(self, index: int) -> int:
+        """Free bytes under device ``index``'s budget past the margin: what may be
+        brought in ahead of use (here, and by the optimizer state staging)."""
+        return max(0, self._counters(index)[1] - self.margin)
+
     def _pump(self, queue: plan.PrefetchQueue, device: torch.device) -> None:
         """Bring back what the queue says fits now (the lock is held)."""
         if queue.cursor < 0:
             return
-        room = max(0, self._counters(device.index or 0)[1] - self.margin)
-        for entry in queue.pump(room):
+        for entry in queue.pump(self.room(device.index or 0)):
             assert isinstance(entry, _Stored)
             self._bring_back(entry, self._stream(device, "h2d"), ahead=True)
             self.stats["ahead_bytes"] += entry.nbytes

@@ -976,7 +976,7 @@ def _register_hooks() -> None:
         _hook_handles.append(
             nn_module.register_module_forward_hook(offloader.exit, always_call=True)
         )
-        _hook_handles.extend(_optimizer_stager(offloader.margin).install())
+        _hook_handles.extend(_optimizer_stager(offloader.room).install())
 
 
 def _remove_hooks() -> None:
@@ -1033,15 +1033,12 @@ def _predictor() -> Any:
 _stager: Any = None
 
 
-def _optimizer_stager(margin: int) -> Any:
+def _optimizer_stager(room: Any) -> Any:
     """The process's optimizer state stager (Note [Optimizer state staging],
-    torch/cuda/_um_optim.py), made on first use."""
+    torch/cuda/_um_optim.py), made on first use; ``room`` is the offloader's."""
     global _stager
     if _stager is None:
         from torch.cuda import _um_optim
-
-        def room(index: int) -> int:
-            return max(0, _engine_counters(index)[1] - margin)
 
         _stager = _um_optim.Stager(room)
     return _stager
