@@ -54,14 +54,21 @@ its budget and policy, before any CUDA allocation. A worker that runs out of mem
 stops the run.
 
 The PCIe floor. A ``link`` worker (stock torch, plain cudaMalloc) measures page-locked copies
-of 1 GiB, best of 3: ``h2d`` and ``d2h`` in bytes/s. With ``peak`` the stock in-memory run's
-torch.cuda.max_memory_allocated() and ``over = max(0, peak - budget)``:
+of 1 GiB, best of 3: ``h2d`` and ``d2h`` one way at a time, and ``both``, the bytes per second
+of the two directions together when a copy each way runs at once on two streams. With ``peak``
+the stock in-memory run's torch.cuda.max_memory_allocated() and ``over = max(0, peak - budget)``:
 
-    train, ddp: floor_s = max(stock_s, over / min(h2d, d2h))   (ddp: per rank, own link)
-           (over bytes leave the GPU and come back every step: 2 x over bytes, both
-           directions at once, full duplex, so the slower direction bounds it)
+    train, ddp: floor_s = max(stock_s, over / min(h2d, d2h), 2 * over / both)
+           (ddp: per rank, own link; over bytes leave the GPU and come back every step.
+           On a full-duplex link ``both`` is h2d + d2h and the slower direction bounds
+           it; on a link whose directions share one rate, the H200 host's, ``both`` is
+           about h2d and the 2 x over bytes queue behind each other: bench/README.md,
+           prediction step 12)
     infer: floor_s = max(stock_s, over / h2d)
            (over bytes come in once per forward)
+
+The analysis also keeps ``floor_full_duplex_s``, the train formula without its last term (the
+floor the records before step 12 give).
 
 with ``stock_s`` the median seconds of the ``stock`` mode. Printed per mode: its median step
 seconds (median over rounds of the per-worker medians; null when it ran out of memory), its
@@ -160,14 +167,26 @@ def parse_size(text: str) -> int:
 
 
 def floor_seconds(
-    workload: str, stock_s: float | None, peak: int | None, budget: int, h2d: float, d2h: float
+    workload: str,
+    stock_s: float | None,
+    peak: int | None,
+    budget: int,
+    h2d: float,
+    d2h: float,
+    both: float | None = None,
 ) -> float | None:
-    """The PCIe floor (module docstring); None without a stock in-memory time."""
+    """The PCIe floor (module docstring); None without a stock in-memory time. ``both``
+    None (a record without it): the full-duplex floor."""
     if stock_s is None or peak is None:
         return None
     over = max(0, peak - budget)
     link = min(h2d, d2h) if workload in TRAINING else h2d
-    return max(stock_s, over / link) if link > 0 else None
+    if link <= 0:
+        return None
+    floor = max(stock_s, over / link)
+    if workload in TRAINING and both:
+        floor = max(floor, 2 * over / both)
+    return floor
 
 
 def _ok(sample: dict[str, Any]) -> bool:
@@ -210,7 +229,9 @@ def summarize(
     links = [s for s in samples if s["mode"] == LINK and _ok(s)]
     h2d = max((s["h2d_bytes_per_s"] for s in links), default=0.0)
     d2h = max((s["d2h_bytes_per_s"] for s in links), default=0.0)
-    floor = floor_seconds(workload, modes["stock"], peak, budget, h2d, d2h)
+    both = max((s.get("both_bytes_per_s") or 0.0 for s in links), default=0.0) or None
+    floor = floor_seconds(workload, modes["stock"], peak, budget, h2d, d2h, both)
+    full_duplex = floor_seconds(workload, modes["stock"], peak, budget, h2d, d2h)
     static = modes.get("um-static")
     prev = modes.get(PREV)
     plain = modes.get("um")  # the residency policy without prediction
@@ -241,9 +262,11 @@ def summarize(
             "over_budget_bytes": max(0, peak - budget) if peak is not None else None,
             "h2d_bytes_per_s": h2d or None,
             "d2h_bytes_per_s": d2h or None,
-            "formula": "max(stock_s, over / min(h2d, d2h))"
+            "both_bytes_per_s": both,
+            "formula": "max(stock_s, over / min(h2d, d2h), 2 * over / both)"
             if workload in TRAINING
             else "max(stock_s, over / h2d)",
+            "floor_full_duplex_s": full_duplex,
         },
         "agreement_metric": "max abs loss difference per step"
         if workload in TRAINING
@@ -257,13 +280,15 @@ def summarize(
 def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> str:
     """The printed table: per mode, seconds, ratios, agreement, and OOM / error notes."""
     f = analysis["floor"]
-    gbs = [cell(f[k] and f[k] / 1e9, ".1f") for k in ("h2d_bytes_per_s", "d2h_bytes_per_s")]
+    keys = ("h2d_bytes_per_s", "d2h_bytes_per_s", "both_bytes_per_s")
+    gbs = [cell(f.get(k) and f[k] / 1e9, ".1f") for k in keys]
     lines = [
         f"{workload}: budget {f['budget_bytes'] / GiB:.2f} GiB, stock peak "
         f"{cell(f['stock_peak_allocated_bytes'] and f['stock_peak_allocated_bytes'] / GiB, '.2f')}"
         f" GiB, over budget {cell(f['over_budget_bytes'] and f['over_budget_bytes'] / GiB, '.2f')}"
-        f" GiB, pinned h2d/d2h {gbs[0]}/{gbs[1]} GB/s",
-        f"PCIe floor = {f['formula']} = {cell(summary['floor_s'], '.4f')} s",
+        f" GiB, pinned h2d/d2h/both at once {gbs[0]}/{gbs[1]}/{gbs[2]} GB/s",
+        f"PCIe floor = {f['formula']} = {cell(summary['floor_s'], '.4f')} s"
+        f" (full duplex: {cell(f.get('floor_full_duplex_s'), '.4f')} s)",
         f"{'mode':20s}{'step s':>10s}{'first s':>10s}{'/um-static':>12s}{'/um-prev':>10s}"
         f"{'/um':>8s}{'/peer':>8s}{'/floor':>9s}"
         f"{'vs stock':>12s}  note",
@@ -295,7 +320,8 @@ def describe(s: dict[str, Any]) -> str:
         return head + " ERROR " + last_line(s["error"])
     if s["mode"] == LINK:
         h2d, d2h = s["h2d_bytes_per_s"] / 1e9, s["d2h_bytes_per_s"] / 1e9
-        return head + f" pinned h2d {h2d:.1f} GB/s, d2h {d2h:.1f} GB/s"
+        both = (s.get("both_bytes_per_s") or 0.0) / 1e9
+        return head + f" pinned h2d {h2d:.1f} GB/s, d2h {d2h:.1f} GB/s, both at once {both:.1f}"
     line = head + f" {s['median_s']:.4f} s/step (first {s['first_step_s']:.3f} s)"
     st = s.get("um_stats") or {}
     if st:
@@ -399,16 +425,32 @@ def _free_port() -> int:
 
 
 def _link_worker(torch: Any) -> dict[str, Any]:
-    """Page-locked copies of 1 GiB each way, best of 3 (plain cudaMalloc: stock torch)."""
+    """Page-locked copies of 1 GiB, best of 3 (plain cudaMalloc: stock torch): each way
+    alone, and both ways at once on two streams (``both``: the two directions' bytes
+    together per second)."""
     um_module(torch, "stock")
-    host = torch.empty(LINK_BYTES, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(LINK_BYTES, dtype=torch.uint8, device="cuda")
-    best = {"h2d": float("inf"), "d2h": float("inf")}
+    host = [torch.empty(LINK_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    dev = [torch.empty(LINK_BYTES, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    side = torch.cuda.Stream()
+
+    def both() -> None:
+        dev[0].copy_(host[0], non_blocking=True)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            host[1].copy_(dev[1], non_blocking=True)
+        torch.cuda.current_stream().wait_stream(side)
+
+    routes = {
+        "h2d": lambda: dev[0].copy_(host[0], non_blocking=True),
+        "d2h": lambda: host[1].copy_(dev[1], non_blocking=True),
+        "both": both,
+    }
+    best = dict.fromkeys(routes, float("inf"))
     for attempt in range(4):  # attempt 0 warms up
-        for key, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
+        for key, fn in routes.items():
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
+            fn()
             torch.cuda.synchronize()
             if attempt > 0:
                 best[key] = min(best[key], time.perf_counter() - t0)
@@ -416,6 +458,7 @@ def _link_worker(torch: Any) -> dict[str, Any]:
         "bytes": LINK_BYTES,
         "h2d_bytes_per_s": LINK_BYTES / best["h2d"],
         "d2h_bytes_per_s": LINK_BYTES / best["d2h"],
+        "both_bytes_per_s": 2 * LINK_BYTES / best["both"],
     }
 
 

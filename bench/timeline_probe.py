@@ -12,13 +12,18 @@ records ``--steps`` steps with torch.profiler (CUDA activity). From the trace it
 JSON line per step: the step's wall seconds; the summed kernel seconds and, per kernel
 family (GEMM, attention, elementwise, reduction/norm, optimizer foreach, other), seconds and
 count; the busy and idle seconds of the stream that ran the most kernel time, and its idle
-gaps longer than 1 ms (count, seconds). A kernel that reads or writes host RAM in place runs
+gaps longer than 1 ms (count, seconds); and per stream, the copies' count, busy seconds,
+GB and GB/s while busy.
+With ``--phases`` each step is split at synchronisations into forward, backward and
+optimizer, one line each, with the step's change in the engine's and the predictor's
+counters. A kernel that reads or writes host RAM in place runs
 longer than its stock twin; a stream waiting for a migration or for the host sits idle.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import tempfile
@@ -85,6 +90,18 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
             k: round(v / 1e6, 4) for k, v in sorted(calls.items(), key=lambda kv: -kv[1])[:12]
         },
     }
+    copies: dict[str, dict[str, float]] = {}
+    for c in window(("gpu_memcpy",)):
+        args = c.get("args") or {}
+        row = copies.setdefault(str(args.get("stream")), {"n": 0, "busy_s": 0.0, "GB": 0.0})
+        row["n"] += 1
+        row["busy_s"] += c["dur"] / 1e6
+        row["GB"] += float(args.get("bytes", 0)) / 1e9
+    for row in copies.values():
+        row["GB/s busy"] = round(row["GB"] / row["busy_s"], 1) if row["busy_s"] else 0.0
+        row["busy_s"] = round(row["busy_s"], 4)
+        row["GB"] = round(row["GB"], 3)
+    out["copies_by_stream"] = copies
     if by_stream:
         stream, spans = max(by_stream.items(), key=lambda kv: sum(s[1] - s[0] for s in kv[1]))
         spans.sort()
@@ -120,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget", default=None, help="device budget (train 8GiB, infer 2GiB)")
     ap.add_argument("--conf", default=UM_CONF["um"], help="engine settings (um)")
+    ap.add_argument("--phases", action="store_true", help="split train steps into phases")
     a = ap.parse_args(argv)
     import torch
 
@@ -133,10 +151,26 @@ def main(argv: list[str] | None = None) -> int:
     if a.workload == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
+        def phase(name: str) -> Any:
+            if not a.phases:
+                return contextlib.nullcontext()
+            torch.cuda.synchronize()
+            return torch.profiler.record_function(f"um_probe_phase:{name}")
+
         def step() -> None:
             opt.zero_grad(set_to_none=True)
-            model(ids, labels=ids).loss.backward()
-            opt.step()
+            with phase("forward"):
+                loss = model(ids, labels=ids).loss
+                if a.phases:
+                    torch.cuda.synchronize()
+            with phase("backward"):
+                loss.backward()
+                if a.phases:
+                    torch.cuda.synchronize()
+            with phase("optimizer"):
+                opt.step()
+                if a.phases:
+                    torch.cuda.synchronize()
 
     else:
 
@@ -148,15 +182,29 @@ def main(argv: list[str] | None = None) -> int:
         step()
     torch.cuda.synchronize()
     marks: list[tuple[float, float]] = []
+    counts: list[dict[str, int]] = []
+
+    def counters() -> dict[str, int]:
+        if um is None:
+            return {}
+        out = {k: int(v) for k, v in um.stats().items() if isinstance(v, int)}
+        out.update(um.predict_stats())
+        return out
+
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(a.steps):
             torch.cuda.synchronize()
+            before = counters()
             with torch.profiler.record_function("um_probe_step"):
                 t = time.perf_counter()
                 step()
                 torch.cuda.synchronize()
             marks.append((t, time.perf_counter()))
+            after = counters()
+            counts.append(
+                {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+            )
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
@@ -170,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if len(steps) != a.steps:
         raise BenchError(f"found {len(steps)} step annotations in the trace, expected {a.steps}")
+    phases = sorted(
+        (e["ts"], e["ts"] + e["dur"], e["name"].split(":", 1)[1])
+        for e in events
+        if str(e.get("name", "")).startswith("um_probe_phase:")
+        and e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+    )
     for i, ((t0, t1), (w0, w1)) in enumerate(zip(steps, marks, strict=True)):
         row = {
             "mode": a.mode,
@@ -177,10 +232,15 @@ def main(argv: list[str] | None = None) -> int:
             "step": i,
             "wall_s": round(w1 - w0, 4),
             **summarize(events, t0, t1),
+            "counters": counts[i],
         }
         if um is not None:
             row["um_conf"] = a.conf
         print(json.dumps(row), flush=True)
+        for p0, p1, name in phases:
+            if t0 <= p0 < t1:
+                part = {"step": i, "phase": name, "s": round((p1 - p0) / 1e6, 4)}
+                print(json.dumps({**part, **summarize(events, p0, p1)}), flush=True)
     print(json.dumps({"mode": a.mode, "free_at_start": free, "cap": cap if um else None}))
     return 0
 

@@ -128,6 +128,18 @@ def test_residency_floor_train_is_full_duplex_bound_by_the_slower_direction() ->
     assert residency.floor_seconds("train", 0.1, 20 * GIB, 8 * GIB, 0.0, 0.0) is None
 
 
+def test_residency_floor_train_counts_both_directions_on_a_shared_link() -> None:
+    # 12 GiB out and back; the directions share 52 GB/s: 24 GiB queue behind each other
+    floor = residency.floor_seconds("train", 0.1, 20 * GIB, 8 * GIB, 52e9, 52e9, 52e9)
+    assert floor == pytest.approx(24 * GIB / 52e9)
+    # a full-duplex link (both = h2d + d2h): the slower direction bounds it, as before
+    floor = residency.floor_seconds("train", 0.1, 20 * GIB, 8 * GIB, 60e9, 48e9, 108e9)
+    assert floor == pytest.approx(12 * GIB / 48e9)
+    # inference moves one way: the shared rate does not enter
+    floor = residency.floor_seconds("infer", 0.01, 5 * GIB, 2 * GIB, 50e9, 50e9, 50e9)
+    assert floor == pytest.approx(3 * GIB / 50e9)
+
+
 def test_residency_floor_infer_counts_host_to_device_once() -> None:
     floor = residency.floor_seconds("infer", 0.01, 5 * GIB, 2 * GIB, 50e9, 10e9)
     assert floor == pytest.approx(3 * GIB / 50e9)
@@ -185,7 +197,7 @@ def test_residency_summary_train() -> None:
     assert analysis["floor"]["over_budget_bytes"] == 13 * GIB
     text = residency.table("train", summary, analysis)
     assert "OOM in 1/1" in text and "RuntimeError: nccl" in text and "not run" in text
-    assert "max(stock_s, over / min(h2d, d2h))" in text
+    assert "max(stock_s, over / min(h2d, d2h), 2 * over / both)" in text
     um_line = next(line for line in text.splitlines() if line.startswith("um "))
     assert "0.375" in um_line
 

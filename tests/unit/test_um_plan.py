@@ -211,10 +211,22 @@ def test_the_queue_never_brings_back_past_the_room(room: int) -> None:
         q.add(weakref.ref(e))
     got = q.pump(room=room)
     assert sum(e.nbytes for e in got) <= room
+    assert q.stopped == ("room" if room < 30 else "")
     # Not brought back: the use copies it then (a miss), and the lookahead widens.
     before = q.lookahead
     assert q.use(entries[1], ready=False) == ("miss" if room < 20 else "late")
     assert q.lookahead == min(q.max_lookahead, before * 2)
+
+
+def test_the_queue_says_what_held_the_next_entry_back() -> None:
+    q = plan.PrefetchQueue(max_lookahead=1 << 30, lookahead=25)
+    entries = [plan.Entry(10), plan.Entry(10), plan.Entry(10)]
+    for e in entries:
+        q.add(weakref.ref(e))
+    assert len(q.pump(room=1000)) == 2 and q.stopped == "lookahead"
+    assert q.use(entries[2], ready=True) == "hit"
+    assert len(q.pump(room=5)) == 0 and q.stopped == "room"
+    assert len(q.pump(room=1000)) == 1 and q.stopped == ""
 
 
 def test_state_chunks_cover_every_parameter_once_in_order() -> None:

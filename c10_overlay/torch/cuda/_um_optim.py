@@ -17,8 +17,11 @@ a global optimizer-step pre-hook runs the step itself, in chunks:
 
 - the parameters with a gradient are cut, in the optimizer's order, into runs whose
   state (tensors of at least MIN_BYTES) fits a quarter of the free room under the
-  budget (``_um_plan.state_chunks``): two chunks' buffers are live at a time, and the
-  step's own temporaries take up to as much again;
+  budget past MARGIN (``_um_plan.state_chunks``): two chunks' buffers are live at a
+  time, and the step's own temporaries take up to as much again. The saved-activation
+  offload keeps a larger margin (a sixteenth of the budget) for its copies in flight;
+  between the backward and the step none are, and with that margin two steps in five
+  found too little room and ran unstaged (bench/README.md, prediction step 12);
 - per chunk, on the compute stream: device buffers are taken from the allocator (the
   blocks the backward freed), one copy kernel brings the chunk's state into them and
   takes the chunk before's back out to its original tensors, the state entries are
@@ -46,7 +49,7 @@ given a closure, fused, capturable or differentiable groups, sparse gradients,
 parameters on several devices, a step under torch.compile or a CUDA graph capture, an
 optimizer with step hooks of its own or other global step hooks (they would see the
 narrowed groups, or run after the update they expect to precede), the first step
-(there is no state yet) and too little room for a chunk.
+(there is no state yet) and too little room for a chunk (counted as ``no_room``).
 
 Thread safety: the hooks may run on any thread; what one step holds is keyed by its
 optimizer, and the counters are under a lock. Two threads stepping one optimizer at
@@ -65,13 +68,12 @@ from torch.optim import optimizer as _optimizer  # torch.optim does not export t
 
 MIN_BYTES = 1 << 20  # smaller state (step counters, scalars) is read in place
 MIN_CHUNK = 16 << 20  # less room than this for a chunk: the step runs as usual
+MARGIN = 64 << 20  # free room under the budget that staging leaves alone
 # torch.optim's optimizers that update each parameter from its own gradient and state,
 # element by element (Note [Optimizer state staging]).
-ELEMENTWISE = frozenset(
-    {"Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam"}
-)
+ELEMENTWISE = frozenset({"Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam"})
 
-Room = Callable[[int], int]  # device index -> free bytes under the budget, past the margin
+Room = Callable[[int], int]  # device index -> free bytes under the budget
 
 
 def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -103,7 +105,7 @@ class Stager:
         self._lock = threading.Lock()
         self._held: dict[int, list[list[Any]]] = {}  # id(optimizer) -> the groups' params
         self.active = True
-        self.stats = dict.fromkeys(("steps", "chunks", "staged_bytes", "skipped"), 0)
+        self.stats = dict.fromkeys(("steps", "chunks", "staged_bytes", "skipped", "no_room"), 0)
 
     # ---- eligibility -----------------------------------------------------------------
 
@@ -155,9 +157,13 @@ class Stager:
                 self.stats["skipped"] += 1
             return
         sizes = [self._state_bytes(opt.state.get(p, {}), device) for p in params]
-        limit = self._room(device.index or 0) // 4
-        if sum(sizes) == 0 or limit < MIN_CHUNK:
-            return  # the first step (no state yet), or no room to stage into
+        if sum(sizes) == 0:
+            return  # the first step: there is no state yet
+        limit = max(0, self._room(device.index or 0) - MARGIN) // 4
+        if limit < MIN_CHUNK:
+            with self._lock:
+                self.stats["no_room"] += 1
+            return
         groups = opt.param_groups
         kept = [g["params"] for g in groups]
         step = type(opt).step.__wrapped__

@@ -91,7 +91,8 @@ class PrefetchQueue:
 
     ``pump(room)`` returns the entries to bring back now: the next ones in reverse order
     of saving, while the bytes brought back ahead and not used yet stay within the
-    lookahead and each fits in ``room`` (free device bytes under the budget). ``use``
+    lookahead and each fits in ``room`` (free device bytes under the budget);
+    ``stopped`` says which of the two held the next entry back, if one did. ``use``
     classifies a use: ``hit`` (brought back ahead and ready), ``late`` (brought back
     ahead, copy still running) or ``miss`` (not brought back: the caller copies it
     now); a late use or a miss doubles the lookahead, up to ``max_lookahead``.
@@ -104,6 +105,7 @@ class PrefetchQueue:
     entries: list[Callable[[], Entry | None]] = field(default_factory=list)
     cursor: int = -1  # next entry to bring back, counting down
     inflight: int = 0  # bytes brought back ahead, not used yet
+    stopped: str = ""  # why the last pump stopped short: "room", "lookahead" or ""
 
     def __post_init__(self) -> None:
         if self.lookahead <= 0:
@@ -115,14 +117,17 @@ class PrefetchQueue:
 
     def pump(self, room: int) -> list[Entry]:
         out: list[Entry] = []
+        self.stopped = ""
         while self.cursor >= 0:
             entry = self.entries[self.cursor]()
             if entry is None or entry.issued:
                 self.cursor -= 1
                 continue
             if self.inflight + entry.nbytes > self.lookahead and (self.inflight or out):
-                break  # a single entry larger than the lookahead still goes alone
+                self.stopped = "lookahead"  # a single larger entry still goes alone
+                break
             if entry.nbytes > room:
+                self.stopped = "room"
                 break
             room -= entry.nbytes
             entry.issued = entry.ahead = True

@@ -150,6 +150,8 @@ class Offloader:
                 "miss_bytes",
                 "failures",
                 "host_limited",
+                "room_stops",
+                "lookahead_stops",
             ),
             0,
         )
@@ -332,7 +334,7 @@ class Offloader:
 
     def room(self, index: int) -> int:
         """Free bytes under device ``index``'s budget past the margin: what may be
-        brought in ahead of use (here, and by the optimizer state staging)."""
+        brought in ahead of use."""
         return max(0, self._counters(index)[1] - self.margin)
 
     def _pump(self, queue: plan.PrefetchQueue, device: torch.device) -> None:
@@ -343,6 +345,8 @@ class Offloader:
             assert isinstance(entry, _Stored)
             self._bring_back(entry, self._stream(device, "h2d"), ahead=True)
             self.stats["ahead_bytes"] += entry.nbytes
+        if queue.stopped:
+            self.stats[f"{queue.stopped}_stops"] += 1
 
     def unpack(self, packed: object) -> torch.Tensor:
         if not isinstance(packed, _Packed):

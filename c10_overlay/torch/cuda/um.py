@@ -976,7 +976,7 @@ def _register_hooks() -> None:
         _hook_handles.append(
             nn_module.register_module_forward_hook(offloader.exit, always_call=True)
         )
-        _hook_handles.extend(_optimizer_stager(offloader.room).install())
+        _hook_handles.extend(_optimizer_stager(_free_room).install())
 
 
 def _remove_hooks() -> None:
@@ -1007,6 +1007,11 @@ def _engine_counters(index: int) -> tuple[int, int]:
     return int(s.evict_bytes), max(0, int(room))
 
 
+def _free_room(index: int) -> int:
+    """Free room under device ``index``'s budget (the optimizer state staging's)."""
+    return _engine_counters(index)[1]
+
+
 def _host_room() -> int:
     """Host RAM a new page-locked buffer may still take (torch_um_host_room)."""
     return int(_lib.torch_um_host_room()) if _lib is not None else 0
@@ -1035,7 +1040,7 @@ _stager: Any = None
 
 def _optimizer_stager(room: Any) -> Any:
     """The process's optimizer state stager (Note [Optimizer state staging],
-    torch/cuda/_um_optim.py), made on first use; ``room`` is the offloader's."""
+    torch/cuda/_um_optim.py), made on first use."""
     global _stager
     if _stager is None:
         from torch.cuda import _um_optim
@@ -1054,12 +1059,17 @@ def predict_stats() -> dict[str, int]:
     ``predict.misses`` / ``predict.miss_bytes`` (copied back at the use),
     ``predict.lookahead_bytes``, ``predict.failures`` (saves that stayed because
     page-locked memory was refused), ``predict.host_limited`` (forwards that offloaded
-    less to leave ``host_headroom`` of host RAM); and of the optimizer state staging
+    less to leave ``host_headroom`` of host RAM), ``predict.room_stops`` /
+    ``predict.lookahead_stops`` (uses after which the next save could not be brought
+    back yet for want of room under the budget, or of lookahead); and of the
+    optimizer state staging
     (Note [Optimizer state staging], torch/cuda/_um_optim.py):
     ``predict.optimizer_steps`` / ``predict.optimizer_chunks`` /
     ``predict.optimizer_staged_bytes`` (steps run staged, their chunks and the state
-    bytes staged) and ``predict.optimizer_skipped`` (steps past the budget that ran as
-    usual: an optimizer it does not stage, see the Note)."""
+    bytes staged), ``predict.optimizer_skipped`` (steps past the budget that ran as
+    usual: an optimizer it does not stage, see the Note) and
+    ``predict.optimizer_no_room`` (steps that ran as usual for want of free room under
+    the budget to stage into)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())
