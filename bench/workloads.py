@@ -71,3 +71,48 @@ def train_steps(workload: Workload, steps: int) -> tuple[list[float], list[float
         events.append((start, end))
     torch.cuda.synchronize()
     return [float(v) for v in losses], [s.elapsed_time(e) for s, e in events]
+
+
+def staged_mlp_run(
+    make_opt: Callable[[Any], Any], um: Any = None, hooked: bool = False
+) -> tuple[list[float], list[Any]]:
+    """Eight steps of a 6-layer MLP (57 MB of fp32 weights, as much in gradients, ~300 MB
+    of saves) with the given optimizer and a StepLR; the losses and the final weights (on
+    the CPU). Checked bit for bit by tests/gpu (optimizer state staging) and counted by
+    bench/divergence_probe.py. With ``um``, the optimizer state is sent to host RAM after
+    each step, as a larger forward would push it there: this small model's state would
+    otherwise stay on the device. ``hooked``: a step pre-hook of the program's own, which
+    turns the staging off (Note [Optimizer state staging])."""
+    torch.manual_seed(11)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(1536, 1536), torch.nn.Tanh()) for _ in range(6)]
+    model = torch.nn.Sequential(*blocks).cuda()
+    opt = make_opt(model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    if hooked:
+        opt.register_step_pre_hook(lambda o, args, kwargs: None)
+    x = torch.randn(4096, 1536, device="cuda", generator=torch.Generator("cuda").manual_seed(12))
+    losses = []
+    for _ in range(8):
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if um is not None:
+            state = [t for st in opt.state.values() for t in st.values()]
+            um.prefetch([t for t in state if isinstance(t, torch.Tensor) and t.is_cuda], "cpu")
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def release_cache() -> None:
+    """Free every cached segment, cuBLAS workspaces included (they are allocator blocks
+    whose segments would otherwise host later allocations of another UM setting)."""
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()

@@ -13,7 +13,6 @@ a device budget far below free memory, never against physical memory.
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -85,14 +84,10 @@ def limits(um: Any) -> Limits:
 
 
 def release_cache(torch: Any) -> None:
-    """Free every cached segment, cuBLAS workspaces included (they are allocator blocks
-    whose segments would otherwise host later allocations of the other UM mode)."""
-    gc.collect()
-    torch.cuda.synchronize()
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
-    torch.cuda.empty_cache()
+    """Free every cached segment (bench.workloads.release_cache, on the torch imported)."""
+    from bench.workloads import release_cache as release
+
+    release()
 
 
 def _reset(torch: Any, um: Any, limits: Limits) -> None:

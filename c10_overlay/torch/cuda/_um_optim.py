@@ -68,7 +68,7 @@ from torch.optim import optimizer as _optimizer  # torch.optim does not export t
 
 MIN_BYTES = 1 << 20  # smaller state (step counters, scalars) is read in place
 MIN_CHUNK = 16 << 20  # less room than this for a chunk: the step runs as usual
-MARGIN = 64 << 20  # free room under the budget that staging leaves alone
+MARGIN = MIN_CHUNK  # free room under the budget that staging leaves alone
 # torch.optim's optimizers that update each parameter from its own gradient and state,
 # element by element (Note [Optimizer state staging]).
 ELEMENTWISE = frozenset({"Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam"})

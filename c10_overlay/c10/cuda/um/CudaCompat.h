@@ -87,27 +87,11 @@ inline cudaError_t discardBatch(
   return cudaMemDiscardBatchAsync(ptrs, sizes, count, 0, stream);
 }
 
-// Drop the pages of dead ranges and populate them at `device` (or kHost).
-inline cudaError_t discardAndPrefetchBatch(
-    void** ptrs,
-    size_t* sizes,
-    size_t count,
-    int device,
-    cudaStream_t stream) {
-  cudaMemLocation loc = location(device);
-  size_t first = 0;
-  return cudaMemDiscardAndPrefetchBatchAsync(
-      ptrs, sizes, count, &loc, &first, 1, 0, stream);
-}
 #else
 inline cudaError_t prefetchBatch(void**, size_t*, size_t, int, cudaStream_t) {
   return cudaErrorNotSupported;
 }
 inline cudaError_t discardBatch(void**, size_t*, size_t, cudaStream_t) {
-  return cudaErrorNotSupported;
-}
-inline cudaError_t
-discardAndPrefetchBatch(void**, size_t*, size_t, int, cudaStream_t) {
   return cudaErrorNotSupported;
 }
 #endif

@@ -82,9 +82,6 @@ bool Executor::ensureSide(Side& s, int device) {
   DeviceGuard guard(device);
   cudaError_t e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) {
-    e = cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming);
-  }
-  if (e == cudaSuccess) {
     e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
   }
   if (e != cudaSuccess) {
@@ -301,33 +298,6 @@ cudaError_t Executor::waitFor(int device, uint64_t fence, cudaStream_t stream) {
   return s.used ? cudaStreamWaitEvent(stream, s.done, 0) : cudaSuccess;
 }
 
-template <typename Fn>
-cudaError_t Executor::onStream(cudaStream_t stream, int device, Fn&& fn) {
-  if (stream != nullptr && stream != cudaStreamLegacy) {
-    return fn(stream);
-  }
-  Side& s = side(device);
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!ensureSide(s, device)) {
-    return cudaErrorUnknown;
-  }
-  cudaError_t e = cudaEventRecord(s.ready, stream);
-  if (e == cudaSuccess) {
-    e = cudaStreamWaitEvent(s.stream, s.ready, 0);
-  }
-  if (e == cudaSuccess) {
-    e = fn(s.stream);
-  }
-  if (e == cudaSuccess) {
-    e = cudaEventRecord(s.done, s.stream);
-    s.used = true;
-  }
-  if (e == cudaSuccess) {
-    e = cudaStreamWaitEvent(stream, s.done, 0);
-  }
-  return e;
-}
-
 void Executor::run(
     uint64_t ticket,
     const std::vector<Action>& actions,
@@ -408,20 +378,17 @@ void Executor::run(
           break;
         case Action::DiscardAndPrefetch:
         case Action::PlaceOnHost: {
-          // A discard must not race the evictor's prefetch or discard of the
-          // same pages (undefined behaviour): wait for the batch that moved
-          // them, if any did (Note [Eviction fences]).
+          // Not after the evictor's move or discard of the same pages has
+          // been issued: wait for the batch, if any (Note [Eviction fences]).
           if (fence > 0) {
             e = waitFor(a.device, fence, stream);
             ++calls;
           }
+          // Note [Dead content is prefetched, not discarded]
           if (e == cudaSuccess) {
             const int to =
                 a.kind == Action::PlaceOnHost ? compat::kHost : a.device;
-            e = onStream(stream, a.device, [&](cudaStream_t st) {
-              return compat::discardAndPrefetchBatch(
-                  ptrs.data(), sizes.data(), ptrs.size(), to, st);
-            });
+            e = prefetchOn(ptrs, sizes, to, stream);
             ++calls;
           }
           break;

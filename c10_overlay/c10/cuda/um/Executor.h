@@ -4,8 +4,9 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Every action is stream-ordered, so no kernel sees a range half-moved:
 //   - bring-ins (PlaceOnDevice, PrefetchToDevice, DiscardAndPrefetch,
-//     PlaceOnHost) run on the stream of the work that is about to use the
-//     range, so that work waits for them;
+//     PlaceOnHost, the last two as prefetches: Note [Dead content is
+//     prefetched, not discarded]) run on the stream of the work that is
+//     about to use the range, so that work waits for them;
 //   - evictions (EvictToHost) run on one side stream per device, after an
 //     event recorded on the stream of the evicted chunk's blocks (its
 //     segment's stream): after their kernels and after any discard of the
@@ -20,10 +21,31 @@
 //     since a discard racing a prefetch of the same pages is undefined
 //     behaviour.
 // Several ranges go in one call (cudaMemPrefetchBatchAsync,
-// cudaMemDiscardBatchAsync, cudaMemDiscardAndPrefetchBatchAsync) from CUDA
-// 13; before it, prefetches go one range at a time and nothing is discarded
-// (dead ranges are evicted by prefetch, their bytes copied for nothing:
-// Residency, DeviceLimits::discard).
+// cudaMemDiscardBatchAsync) from CUDA 13; before it, prefetches go one range
+// at a time and nothing is discarded (dead ranges are evicted by prefetch,
+// their bytes copied for nothing: Residency, DeviceLimits::discard).
+//
+// Note [Dead content is prefetched, not discarded]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A block handed out again over chunks in host RAM (DiscardAndPrefetch), or
+// over discarded chunks that stay there (PlaceOnHost), has no content worth
+// keeping, and cudaMemDiscardAndPrefetchBatchAsync would place it without
+// a copy. Issued by the allocating thread and ordered after the stream's
+// work on the GPU only, it lost data on an H200: the caching allocator
+// hands a block back to its stream while the kernels of the block's
+// previous owner may still run there, and the discard does not seem to
+// wait for them (why is not known). Small trainings past a 256 MiB budget
+// left their in-memory losses in 29 of 180 runs (the optimizer-staging GPU
+// test's runs with staging off showed it first). With a plain prefetch
+// there, none of 48 runs did, nor of 48 with a host wait for the stream
+// before the call; with discards off, or the module hooks off, none of 20
+// did either (bench/README.md, prediction step 12). The evictor's own
+// discards wait on the host for the same reason (Note [Discards leave
+// through the evictor]). A prefetch moves pages with their content and is
+// coherent with any access in flight: a discarded chunk is repopulated at
+// its destination, an evicted one brings its stale bytes back over the
+// link (2 MiB per chunk), which is the price of not racing the previous
+// owner.
 //
 // Failures are hints lost, not errors: the data stays correct wherever its
 // pages are. They are counted, and the first is reported once.
@@ -85,7 +107,6 @@ class Executor {
   struct Side {
     std::mutex mu;
     cudaStream_t stream = nullptr;
-    cudaEvent_t ready = nullptr; // recorded on the toucher's stream
     cudaEvent_t done = nullptr; // recorded on the side stream
     bool used = false;
     // Note [Eviction fences]: the event after each eviction batch, by batch
@@ -168,11 +189,6 @@ class Executor {
       size_t& i,
       std::vector<void*>& ptrs,
       std::vector<size_t>& sizes);
-
-  // Stream work that the batch APIs cannot enqueue on the legacy default
-  // stream: it runs on the side stream, fenced by events on both sides.
-  template <typename Fn>
-  cudaError_t onStream(cudaStream_t stream, int device, Fn&& fn);
 
   // Note [Executor: one order]: actions run in the order the engine decided
   // them (tickets handed out under the engine's lock), whichever thread runs

@@ -27,6 +27,8 @@
 //     never by a copy, and it is the first victim when room is needed;
 //   - a block handed out again over chunks that are not on the device is
 //     placed by DiscardAndPrefetch (its old content is dead), never faulted;
+//     the executor issues it as a plain prefetch (Note [Dead content is
+//     prefetched, not discarded], Executor.h);
 //   - live chunks leave least recently touched first, by EvictToHost
 //     (prefetch to the CPU on a side stream; every segment is advised
 //     PreferredLocation=host, AccessedBy=device when it is made, which moves
