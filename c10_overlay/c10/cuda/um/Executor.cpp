@@ -378,8 +378,8 @@ void Executor::run(
           break;
         case Action::DiscardAndPrefetch:
         case Action::PlaceOnHost: {
-          // Not after the evictor's move or discard of the same pages has
-          // been issued: wait for the batch, if any (Note [Eviction fences]).
+          // After the evictor's move or discard of the same pages, if any:
+          // wait for its batch (Note [Eviction fences]).
           if (fence > 0) {
             e = waitFor(a.device, fence, stream);
             ++calls;
