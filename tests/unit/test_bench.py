@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench import common, oversubscribe, residency, step_time
+from bench import common, divergence_probe, oversubscribe, residency, step_time
 
 
 def _step(model: str, mode: str, ms: float) -> dict[str, object]:
@@ -377,3 +377,16 @@ def test_error_text_keeps_no_path_of_the_machine() -> None:
     assert 'File "bench/residency.py"' in str(info.value) and str(common.REPO) not in str(
         info.value
     )
+
+
+def test_divergence_probe_settings_parse_and_bad_ones_are_one_message() -> None:
+    assert divergence_probe._setting("predict=False, hooks=True") == {
+        "predict": "False",
+        "hooks": "True",
+    }
+    assert divergence_probe._setting("") == {}
+    for bad in ("discard", "=False", "predict=True,hooks"):
+        with pytest.raises(common.BenchError, match="not a setting"):
+            divergence_probe._setting(bad)
+    with pytest.raises(common.BenchError, match="--reps must be at least 1"):
+        divergence_probe.main(["--reps", "0"])
