@@ -28,6 +28,7 @@ import json
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,26 +152,25 @@ def main(argv: list[str] | None = None) -> int:
     if a.workload == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def phase(name: str) -> Any:
+        @contextlib.contextmanager
+        def phase(name: str) -> Iterator[None]:
+            """With --phases: the phase alone on the GPU, annotated for the trace."""
             if not a.phases:
-                return contextlib.nullcontext()
+                yield
+                return
             torch.cuda.synchronize()
-            return torch.profiler.record_function(f"um_probe_phase:{name}")
+            with torch.profiler.record_function(f"um_probe_phase:{name}"):
+                yield
+                torch.cuda.synchronize()
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)
             with phase("forward"):
                 loss = model(ids, labels=ids).loss
-                if a.phases:
-                    torch.cuda.synchronize()
             with phase("backward"):
                 loss.backward()
-                if a.phases:
-                    torch.cuda.synchronize()
             with phase("optimizer"):
                 opt.step()
-                if a.phases:
-                    torch.cuda.synchronize()
 
     else:
 

@@ -109,7 +109,9 @@ enum class Where : uint8_t {
 struct Action {
   enum Kind : uint8_t {
     PrefetchToDevice, // live data: migrate to `device`, ordered on `stream`
-    DiscardAndPrefetch, // dead data: drop the pages, populate on `device`
+    DiscardAndPrefetch, // dead data to `device`: its content need not survive
+                        // (issued as a prefetch: Note [Dead content is
+                        // prefetched, not discarded], Executor.h)
     EvictToHost, // live data: prefetch to the CPU on the device's side
                  // stream once `stream` (the segment's) has done its work so far
     Discard, // dead data leaves without a copy, like EvictToHost: by the
