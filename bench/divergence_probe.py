@@ -2,19 +2,21 @@
 bit for bit, run after run? (issue 8: the optimizer-staging GPU test's runs with staging
 off left the in-memory losses now and then; this probe counts how often, per setting.)
 
-    python -m bench.divergence_probe [--reps 12] [--budget 256MiB]
-        [--settings predict=True predict=False hooks=False discard=False ...]
+    python -m bench.divergence_probe [--reps 12] [--budget 256MiB] [--staging]
+        [--settings predict:True predict:False hooks:False discard:False ...]
 
 On a +um torch. Trains the staging test's model (six Linear(1536) + Tanh blocks, batch
 4096, eight steps, StepLR) with SGD (momentum 0.9, Nesterov) and with for-loop AdamW, whose
-steps the staging leaves alone here (a step pre-hook of the program's own turns it off, as
-in the test's second run), under deterministic algorithms: once in memory (budget 90 %),
-then ``--reps`` times per setting past ``--budget``, after each step sending the optimizer
-state to host RAM as a larger forward would. Each setting is a comma-separated list of
-engine settings over the suite's defaults (policy lru, discard, hooks and predict on). Prints
-per optimizer and setting how many runs differ from the run in memory and at which step;
-the last line is the JSON record. Exit status 1 if any run differs. The total-managed cap is
-80 % of the free memory read at start (bench/common.py: safe_cap).
+steps the staging leaves alone unless ``--staging`` is given (a step pre-hook of the
+program's own turns it off, as in the test's second run), under deterministic
+algorithms: once in memory (budget 90 %), then ``--reps`` times per setting past
+``--budget``, after each step sending the optimizer state to host RAM as a larger forward
+would. Each setting is engine settings in ``PYTORCH_CUDA_UM_CONF`` syntax
+(``key:value,...``) over the suite's defaults (policy lru, discard, hooks and predict on);
+the engine checks them before any run. Prints per optimizer and setting how many runs
+differ from the run in memory and at which step; the last line is the JSON record, with
+the machine, the command and a ``summary``. Exit status 1 if any run differs. The
+total-managed cap is 80 % of the free memory read at start (bench/common.py: safe_cap).
 """
 
 from __future__ import annotations
@@ -25,20 +27,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import BenchError, run_main, safe_cap
+from bench.common import BenchError, command_line, machine, run_main, safe_cap
 from bench.residency import parse_size
 
-DEFAULT_SETTINGS = ("predict=True", "predict=False", "hooks=False", "discard=False")
-
-
-def _setting(text: str) -> dict[str, str]:
-    out = {}
-    for part in filter(None, text.split(",")):
-        key, sep, value = part.partition("=")
-        if not sep or not key.strip():
-            raise BenchError(f"not a setting: {part!r} (expected key=value, e.g. discard=False)")
-        out[key.strip()] = value.strip()
-    return out
+DEFAULT_SETTINGS = ("predict:True", "predict:False", "hooks:False", "discard:False")
+# the suite's engine defaults; a setting's keys come after these and win
+BASE_CONF = "prefetch:True,policy:lru,discard:True,hooks:True,predict:True"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,11 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=12, help="runs per optimizer and setting")
     ap.add_argument("--budget", default="256MiB", help="device budget of the runs past it")
     ap.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS))
+    ap.add_argument(
+        "--staging",
+        action="store_true",
+        help="leave the optimizer state staging on (it runs where predict is on)",
+    )
     a = ap.parse_args(argv)
     if a.reps < 1:
         raise BenchError(f"--reps must be at least 1, not {a.reps}")
     budget = parse_size(a.budget)
-    settings = {s: _setting(s) for s in a.settings}
     import torch
 
     from bench.workloads import release_cache, staged_mlp_run
@@ -60,13 +58,18 @@ def main(argv: list[str] | None = None) -> int:
         raise BenchError(f"{torch.__file__} is not a +um torch (no torch.cuda.um)")
     _free, _total, cap = safe_cap(torch)
 
-    def reset(**conf: Any) -> None:
+    def reset(setting: str = "", budget: int | str = "90%") -> None:
         release_cache()
-        base: dict[str, Any] = dict(
-            enabled=True, max_managed=cap, device_budget="90%", host_headroom="2GiB",
-            prefetch=True, policy="lru", discard=True, hooks=True, predict=True,
+        um.configure(
+            f"{BASE_CONF},{setting}",
+            enabled=True, max_managed=cap, device_budget=budget, host_headroom="2GiB",
         )  # fmt: skip
-        um.configure(**{**base, **conf})
+
+    for text in a.settings:
+        try:
+            reset(text)
+        except ValueError as e:
+            raise BenchError(f"--settings {text!r}: {e}") from None
 
     optimizers: dict[str, Callable[[Any], Any]] = {
         "sgd-nesterov": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
@@ -75,19 +78,23 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(make: Callable[[Any], Any], past_budget: bool) -> list[float]:
         # hooked: staging off, so the optimizer reads its state in host RAM
-        return staged_mlp_run(make, um if past_budget else None, hooked=True)[0]
+        return staged_mlp_run(make, um if past_budget else None, hooked=not a.staging)[0]
 
     torch.use_deterministic_algorithms(True, warn_only=True)
-    record: dict[str, Any] = {"probe": "divergence", "reps": a.reps, "budget": budget, "rows": []}
+    record: dict[str, Any] = {
+        "probe": "divergence", "command": command_line("bench.divergence_probe"),
+        "machine": machine(torch), "reps": a.reps, "budget": budget, "staging": a.staging,
+        "rows": [],
+    }  # fmt: skip
     t0 = time.perf_counter()
     try:
         for name, make in optimizers.items():
             reset()
             in_memory = run(make, past_budget=False)
-            for text, conf in settings.items():
+            for text in a.settings:
                 first: list[int] = []
                 for _ in range(a.reps):
-                    reset(device_budget=budget, **conf)
+                    reset(text, budget)
                     got = run(make, past_budget=True)
                     if got != in_memory:
                         first.append(
@@ -112,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         torch.use_deterministic_algorithms(False)
         reset()
+    record["summary"] = {
+        "runs": sum(a.reps for _ in record["rows"]),
+        "differ": sum(r["differ"] for r in record["rows"]),
+    }
     print(json.dumps(record))
     return 1 if any(r["differ"] for r in record["rows"]) else 0
 
