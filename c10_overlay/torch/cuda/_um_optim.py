@@ -16,21 +16,30 @@ So, with ``predict:True`` and while the module hooks are on (Note [Use signals],
 a global optimizer-step pre-hook runs the step itself, in chunks:
 
 - the parameters with a gradient are cut, in the optimizer's order, into runs whose
-  state (tensors of at least MIN_BYTES) fits a quarter of the free room under the
-  budget past MARGIN (``_um_plan.state_chunks``): two chunks' buffers are live at a
-  time, and the step's own temporaries take up to as much again. The saved-activation
+  state (tensors of at least MIN_BYTES) fits a fifth of the free room under the
+  budget past MARGIN (``_um_plan.state_chunks``): three chunks' buffers are live at a
+  time (one coming in, one stepped, one going out), and the step's own temporaries
+  take up to two more. The saved-activation
   offload keeps a larger margin (a sixteenth of the budget) for its copies in flight;
   between the backward and the step none are, and with that margin two steps in five
   found too little room and ran unstaged (bench/README.md, prediction step 12);
-- per chunk, on the compute stream: device buffers are taken from the allocator (the
-  blocks the backward freed), one copy kernel brings the chunk's state into them and
-  takes the chunk before's back out to its original tensors, the state entries are
-  pointed at the buffers, the optimizer's own step runs (unhooked) with every
-  parameter group narrowed to the chunk, and the entries are pointed back. The last
-  chunk's copy back closes the step. Everything staged stays on the compute stream:
-  copies on two side streams would let the steps overlap them (0.185 s against
-  0.219 s for the model above), but that version lost bit-exactness with SGD in one
-  run, for a reason not found yet (bench/README.md, prediction step 11);
+- per chunk: device buffers are taken from the allocator (the blocks the backward
+  freed), a copy kernel on a side stream brings the chunk's state into them while the
+  chunk before is stepped, the state entries are pointed at the buffers, the
+  optimizer's own step runs (unhooked, on the compute stream) with every parameter
+  group narrowed to the chunk, the entries are pointed back, and a copy kernel on a
+  second side stream takes the chunk's state back out to its original tensors while
+  the next chunk is stepped. So the steps overlap the copies (the optimizer phase of
+  the model above took 0.185 s so, against 0.219 s with everything on the compute
+  stream: bench/README.md, prediction step 11). The compute stream waits for the
+  copies in before each step and for the copies out before anything after the step.
+  A chunk's buffers are freed two chunks later, after the compute stream has waited
+  for an event recorded after their copy out, so that the allocator hands their
+  blocks out again at once, in stream order. With ``record_stream`` instead, a block
+  comes back only once the allocator sees the event pass, and the engine sees it die
+  no sooner, so the next forward finds less dead room. (A first two-stream version lost
+  bit-exactness with SGD once; that was the engine's race of prediction step 12, in
+  the run with staging off, not the streams.);
 - the step that follows the hook then runs over empty parameter groups (it does
   nothing, but counts as the step: LR schedulers and ``_optimizer_step_code`` see one
   step), and the post-hook puts the groups back. Anything after the step, on the
@@ -104,6 +113,7 @@ class Stager:
         self._room = room
         self._lock = threading.Lock()
         self._held: dict[int, list[list[Any]]] = {}  # id(optimizer) -> the groups' params
+        self._streams: dict[int, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
         self.active = True
         self.stats = dict.fromkeys(("steps", "chunks", "staged_bytes", "skipped", "no_room"), 0)
 
@@ -159,7 +169,7 @@ class Stager:
         sizes = [self._state_bytes(opt.state.get(p, {}), device) for p in params]
         if sum(sizes) == 0:
             return  # the first step: there is no state yet
-        limit = max(0, self._room(device.index or 0) - MARGIN) // 4
+        limit = max(0, self._room(device.index or 0) - MARGIN) // 5
         if limit < MIN_CHUNK:
             with self._lock:
                 self.stats["no_room"] += 1
@@ -205,6 +215,15 @@ class Stager:
     def _state_bytes(self, state: dict[str, Any], device: torch.device) -> int:
         return sum(t.nbytes for t in state.values() if self._stageable(t, device))
 
+    def _side_streams(self, device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+        """The device's streams for copies in and copies out, made on first use."""
+        with self._lock:
+            pair = self._streams.get(device.index or 0)
+            if pair is None:
+                pair = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+                self._streams[device.index or 0] = pair
+            return pair
+
     def _run(
         self,
         opt: torch.optim.Optimizer,
@@ -213,27 +232,37 @@ class Stager:
         chunks: list[list[int]],
         device: torch.device,
     ) -> int:
-        """The chunks' steps, all on the compute stream: one copy launch per chunk brings
-        its state in and takes the chunk before's back out (both directions in one
-        kernel), so no event or side stream orders the buffers, and the allocator
-        reuses a chunk's buffers once the launch after its step has read them."""
+        """The chunks' steps on the compute stream, each chunk's state brought in on one
+        side stream while the chunk before is stepped and taken back out on another while
+        the chunk after is (Note [Optimizer state staging])."""
+        compute = torch.cuda.current_stream(device)
+        into, out = self._side_streams(device)
         group_of = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
         staged = 0
-        done: list[_Swap] = []  # the chunk before: updated on the device, not copied back
+
+        def bring_in(chunk: list[int]) -> list[_Swap]:
+            swaps = [
+                _Swap(state, key, t)
+                for state in (opt.state.get(params[i], {}) for i in chunk)
+                for key, t in list(state.items())
+                if self._stageable(t, device)
+            ]
+            into.wait_stream(compute)  # the buffers' blocks are done with earlier work
+            with torch.cuda.stream(into):
+                _copy([s.buffer for s in swaps], [s.original for s in swaps])
+            return swaps
+
+        leaving: list[tuple[torch.cuda.Event, list[_Swap]]] = []  # copies out in flight
         try:
-            for chunk in chunks:
+            coming = bring_in(chunks[0])
+            for k, chunk in enumerate(chunks):
+                swaps = coming
+                compute.wait_stream(into)
+                if len(leaving) == 2:  # the chunk two before: its buffers are free again
+                    compute.wait_event(leaving.pop(0)[0])
+                # launched before this chunk's step, so that the two overlap
+                coming = bring_in(chunks[k + 1]) if k + 1 < len(chunks) else []
                 members = [params[i] for i in chunk]
-                swaps: list[_Swap] = []
-                for p in members:
-                    state = opt.state.get(p, {})
-                    for key, t in list(state.items()):
-                        if self._stageable(t, device):
-                            swaps.append(_Swap(state, key, t))
-                _copy(
-                    [*(s.buffer for s in swaps), *(s.original for s in done)],
-                    [*(s.original for s in swaps), *(s.buffer for s in done)],
-                )
-                done = []
                 for s in swaps:
                     s.state[s.key] = s.buffer
                     staged += s.original.nbytes
@@ -243,11 +272,21 @@ class Stager:
                     step(opt)
                 finally:
                     # An entry the step replaced instead of updating keeps its new value.
-                    done = [s for s in swaps if s.state.get(s.key) is s.buffer]
-                    for s in done:
+                    back = [s for s in swaps if s.state.get(s.key) is s.buffer]
+                    for s in back:
                         s.state[s.key] = s.original
+                    out.wait_stream(compute)
+                    with torch.cuda.stream(out):
+                        _copy([s.original for s in back], [s.buffer for s in back])
+                        copied = torch.cuda.Event()
+                        copied.record(out)
+                    leaving.append((copied, back))
+                    swaps = back = []
         finally:
-            _copy([s.original for s in done], [s.buffer for s in done])
+            # Whatever runs after the step reads the state written back; the buffers
+            # still held (leaving, coming) are freed after these waits.
+            compute.wait_stream(into)
+            compute.wait_stream(out)
         return staged
 
     def counters(self) -> dict[str, int]:
