@@ -158,6 +158,12 @@ UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": GiB, "t": 1 << 40}
 # ---------------------------------------------------------------- pure parts (unit tested)
 
 
+def mode_conf(mode: str, extra: str = "") -> str:
+    """The engine settings of a UM mode, with --conf's laid over them (not over
+    um-prev's: the previous engine may not know the keys)."""
+    return UM_CONF[mode] if mode == PREV or not extra else f"{UM_CONF[mode]},{extra}"
+
+
 def parse_size(text: str) -> int:
     """Bytes of ``8GiB``, ``1.5G``, ``512MB``, ``4096`` (binary units, like the engine's)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
@@ -472,6 +478,9 @@ PHASE_COUNTERS = (
     "executor_ns",
     "evictor_ns",
     "evictor_wait_ns",
+    "fence_waits",
+    "fence_wait_ns",
+    "fence_wait_issuing_ns",
 )
 
 
@@ -515,15 +524,17 @@ def _run(
     budget: int,
     rank: int = 0,
     phases: bool = False,
+    extra_conf: str = "",
 ) -> Any:
     """Set up the mode, run WARMUP + STEPS steps, return the worker's record fields
-    (ddp: of one rank, on GPU ``rank``)."""
+    (ddp: of one rank, on GPU ``rank``). ``extra_conf``: engine settings over the mode's
+    (--conf; not for um-prev, whose engine may not know them)."""
     um = um_module(torch, mode if mode in UM_MODES else "stock")
     torch.cuda.set_device(rank)
     free, total, cap = safe_cap(torch)  # before any CUDA allocation
     info: dict[str, Any] = {"free_at_start": free, "total": total, "cap": None}
     if um is not None:
-        conf = UM_CONF[mode]
+        conf = mode_conf(mode, extra_conf)
         size: int | str = "100%" if mode == "um-nobudget" else budget
         um.configure(conf, enabled=True, max_managed=cap, device_budget=size)
         info["cap"] = cap
@@ -642,7 +653,9 @@ def merge_ranks(ranks: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     }
 
 
-def _ddp_launch(mode: str, steps: int, warmup: int, budget: int, timeout: int) -> dict[str, Any]:
+def _ddp_launch(
+    mode: str, steps: int, warmup: int, budget: int, timeout: int, extra_conf: str = ""
+) -> dict[str, Any]:
     """ddp: one process per rank (this worker's PYTHONPATH), run together, merged."""
     torch = importlib.import_module("torch")
     if torch.cuda.device_count() < WORLD:  # counts devices without creating a context
@@ -652,6 +665,7 @@ def _ddp_launch(mode: str, steps: int, warmup: int, budget: int, timeout: int) -
         )
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     args = ["--mode", mode, "--steps", str(steps), "--warmup", str(warmup), "--budget", str(budget)]
+    args += ["--conf", extra_conf] if extra_conf else []
     cmds = [worker_command(MODULE, ["ddp", *args, "--rank", str(r)]) for r in range(WORLD)]
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -677,6 +691,7 @@ def worker(
     budget: int,
     rank: int | None = None,
     phases: bool = False,
+    extra_conf: str = "",
 ) -> None:
     """One measurement; always emits one record (an OOM or an error included). ddp without
     a rank: launch the ranks and emit their merged record."""
@@ -684,14 +699,16 @@ def worker(
     torch: Any = None
     try:
         if workload == "ddp" and rank is None and mode != LINK:
-            emit({**base, **_ddp_launch(mode, steps, warmup, budget, timeout=570)})
+            emit({**base, **_ddp_launch(mode, steps, warmup, budget, 570, extra_conf)})
             return
         torch = importlib.import_module("torch")
         base["machine"] = machine(torch)
         if mode == LINK:
             fields = _link_worker(torch)
         else:
-            fields = _run(torch, mode, workload, steps, warmup, budget, rank or 0, phases)
+            fields = _run(
+                torch, mode, workload, steps, warmup, budget, rank or 0, phases, extra_conf
+            )
         fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         emit({**base, **fields})
     except Exception as e:  # the orchestrator reports every failure
@@ -775,6 +792,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="train: also time forward, backward and optimizer, with engine counters each",
     )
+    ap.add_argument(
+        "--conf",
+        default="",
+        help="engine settings (PYTORCH_CUDA_UM_CONF text) over every UM mode's but um-prev's",
+    )
     ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
     ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
     ap.add_argument(
@@ -784,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload]) // 4096 * 4096
     if a.worker:
-        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank, a.phases)
+        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank, a.phases, a.conf)
         return 0
     modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
@@ -794,6 +816,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.workload != "train":
             raise BenchError("--phases times the phases of a training step: workload train")
         worker_args.append("--phases")
+    if a.conf:
+        worker_args += ["--conf", a.conf]
     paths = {"stock": a.stock_pythonpath, "um": a.um_pythonpath, "prev": a.prev_pythonpath}
     samples = run_all(a.workload, modes, worker_args, a.rounds, paths, a.timeout)
     settings = {
@@ -806,6 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": list(BATCH[a.workload]),
         "link_bytes": LINK_BYTES,
         "phases": a.phases,
+        "conf": a.conf,
     }
     rec = record(a.workload, samples, settings)
     print("\n" + table(a.workload, rec["summary"], rec["analysis"]))

@@ -383,3 +383,9 @@ def test_divergence_probe_rejects_a_run_count_below_one() -> None:
     with pytest.raises(common.BenchError, match="--reps must be at least 1"):
         divergence_probe.main(["--reps", "0"])
 
+
+def test_conf_is_laid_over_each_um_mode_but_the_previous_engines() -> None:
+    assert residency.mode_conf("um-predict") == residency.UM_CONF["um-predict"]
+    got = residency.mode_conf("um-predict", "predict_lookahead:4GiB")
+    assert got == residency.UM_CONF["um-predict"] + ",predict_lookahead:4GiB"
+    assert residency.mode_conf("um-prev", "predict_lookahead:4GiB") == residency.UM_CONF["um-prev"]

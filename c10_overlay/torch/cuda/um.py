@@ -139,6 +139,9 @@ class _Stats(ctypes.Structure):
             "evicted_unused_bytes",
             "evictor_wait_ns",
             "evict_ranges",
+            "fence_waits",
+            "fence_wait_ns",
+            "fence_wait_issuing_ns",
         )
     ]
 

@@ -600,6 +600,9 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.host_fallbacks = host_fallbacks_;
   s.evicted_unused_bytes = rc.evicted_unused_bytes;
   s.evictor_wait_ns = ex.evictor_wait_nanoseconds;
+  s.fence_waits = ex.fence_waits;
+  s.fence_wait_ns = ex.fence_wait_nanoseconds;
+  s.fence_wait_issuing_ns = ex.fence_wait_issuing_nanoseconds;
   s.evict_ranges = ex.evict_ranges;
   return s;
 }

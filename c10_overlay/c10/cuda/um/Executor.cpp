@@ -192,6 +192,7 @@ void Executor::evictorLoop() {
                                   .count()),
         kRelaxed);
     evict_ranges_.fetch_add(job.ptrs.size(), kRelaxed);
+    evictor_issuing_.store(true, kRelaxed);
     {
       std::lock_guard<std::mutex> lock(s.mu);
       if (e == cudaSuccess && !ensureSide(s, job.device)) {
@@ -221,6 +222,7 @@ void Executor::evictorLoop() {
       // Reached even on failure: nothing may wait for it forever.
       s.issued.store(job.seq, std::memory_order_release);
     }
+    evictor_issuing_.store(false, kRelaxed);
     if (job.ready != nullptr) {
       (void)cudaEventDestroy(job.ready);
     }
@@ -286,8 +288,24 @@ uint64_t Executor::cancelQueued(
 cudaError_t Executor::waitFor(int device, uint64_t fence, cudaStream_t stream) {
   Side& s = side(device);
   // The batch is queued (the engine's order); wait until it is issued.
-  while (s.issued.load(std::memory_order_acquire) < fence) {
-    std::this_thread::yield();
+  if (s.issued.load(std::memory_order_acquire) < fence) {
+    using Clock = std::chrono::steady_clock;
+    uint64_t total = 0;
+    uint64_t issuing = 0;
+    auto last = Clock::now();
+    while (s.issued.load(std::memory_order_acquire) < fence) {
+      std::this_thread::yield();
+      const auto now = Clock::now();
+      const auto ns = static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - last)
+              .count());
+      total += ns;
+      issuing += evictor_issuing_.load(kRelaxed) ? ns : 0;
+      last = now;
+    }
+    fence_waits_.fetch_add(1, kRelaxed);
+    fence_wait_ns_.fetch_add(total, kRelaxed);
+    fence_wait_issuing_ns_.fetch_add(issuing, kRelaxed);
   }
   std::lock_guard<std::mutex> lock(s.mu);
   const size_t slot = fence % Side::kRing;
@@ -456,7 +474,9 @@ void Executor::run(
 ExecutorCounters Executor::counters() const {
   return ExecutorCounters{
       calls_.load(), failures_.load(), ns_.load(), evictor_ns_.load(),
-      cancelled_bytes_.load(), evictor_wait_ns_.load(), evict_ranges_.load()};
+      cancelled_bytes_.load(), evictor_wait_ns_.load(), evict_ranges_.load(),
+      fence_waits_.load(), fence_wait_ns_.load(),
+      fence_wait_issuing_ns_.load()};
 }
 
 } // namespace c10::cuda::um

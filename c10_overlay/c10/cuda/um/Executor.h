@@ -79,6 +79,13 @@ struct ExecutorCounters {
   // (one batch entry each): how it spends its time and how large its calls are.
   uint64_t evictor_wait_nanoseconds = 0;
   uint64_t evict_ranges = 0;
+  // Bring-ins that waited on the host for an eviction batch to be issued
+  // (Note [Eviction fences]), their host time, and the part of it during
+  // which the evictor was issuing a job (the rest: it waited on the host for
+  // a job's stream, or had not taken the job yet).
+  uint64_t fence_waits = 0;
+  uint64_t fence_wait_nanoseconds = 0;
+  uint64_t fence_wait_issuing_nanoseconds = 0;
 };
 
 class Executor {
@@ -218,6 +225,12 @@ class Executor {
   std::atomic<uint64_t> cancelled_bytes_{0};
   std::atomic<uint64_t> evictor_wait_ns_{0};
   std::atomic<uint64_t> evict_ranges_{0};
+  std::atomic<uint64_t> fence_waits_{0};
+  std::atomic<uint64_t> fence_wait_ns_{0};
+  std::atomic<uint64_t> fence_wait_issuing_ns_{0};
+  // True while the evictor thread issues a job's CUDA calls (for the
+  // fence-wait counters only).
+  std::atomic<bool> evictor_issuing_{false};
   // Jobs enqueued, and jobs the evictor has finished with (drainAll).
   std::atomic<uint64_t> jobs_queued_{0};
   std::atomic<uint64_t> jobs_done_{0};

@@ -78,6 +78,12 @@ typedef struct TorchUmStats {
    * issuing it (part of evictor_ns), and the ranges it issued. */
   uint64_t evictor_wait_ns;
   uint64_t evict_ranges;
+  /* Bring-ins that waited on the host for an eviction batch to be issued
+   * (Executor.h, Note [Eviction fences]), their host time, and the part of
+   * it while the evictor thread was issuing a job. */
+  uint64_t fence_waits;
+  uint64_t fence_wait_ns;
+  uint64_t fence_wait_issuing_ns;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
