@@ -438,13 +438,19 @@ def _device_index(device: DeviceLike, *, allow_host: bool) -> int:
 def stats(device: DeviceLike = None) -> dict[str, int]:
     """Unified-memory counters, in the style of :func:`torch.cuda.memory_stats`.
 
-    Keys (all ints): ``um.enabled``, ``um.managed_segments``,
-    ``um.managed_bytes``, ``um.device_placed_bytes``, ``um.host_placed_bytes``,
+    Keys (all ints): ``um.enabled`` and ``um.<field>`` for each field of the
+    engine's ``TorchUmStats`` (``c10/cuda/um/c_api.h``, where each is
+    explained). Placement: ``um.managed_segments``, ``um.managed_bytes``,
+    ``um.device_placed_bytes``, ``um.host_placed_bytes``,
     ``um.unplaced_bytes``, ``um.prefetches``, ``um.prefetch_bytes``,
     ``um.prefetches_skipped_capture``, ``um.device_budget_bytes``,
-    ``um.device_total_bytes`` (this device), ``um.total_managed_bytes``,
+    ``um.device_total_bytes`` (this device); limits: ``um.total_managed_bytes``,
     ``um.peak_managed_bytes``, ``um.cap_refusals``, ``um.headroom_refusals``
-    (whole process). Empty without an engine. Does not initialise CUDA.
+    (whole process); the residency policy: ``um.evict_bytes``,
+    ``um.discard_bytes``, ``um.touch_prefetch_bytes``, ``um.reuse_bytes``,
+    ``um.cancelled_bytes`` and more; the executor's host time:
+    ``um.executor_ns``, ``um.evictor_ns``, ``um.evictor_wait_ns``,
+    ``um.fence_wait_ns``. Empty without an engine. Does not initialise CUDA.
     """
     if _lib is None:
         return {}

@@ -48,7 +48,9 @@ typedef struct TorchUmStats {
   uint64_t block_events;       /* ALLOC and FREE_COMPLETED events received */
   uint64_t touches;            /* ranges about to be used that were not all on the device */
   uint64_t touch_prefetch_bytes; /* live bytes migrated to a device */
-  uint64_t reuse_bytes;        /* dead bytes placed by discard-and-prefetch */
+  uint64_t reuse_bytes;        /* dead bytes handed out again and placed
+                                  (DiscardAndPrefetch, issued as a prefetch:
+                                  Executor.h) */
   uint64_t place_bytes;        /* new segments placed on a device */
   uint64_t map_host_bytes;     /* bytes placed in host RAM, mapped in place */
   uint64_t evictions;          /* live chunks moved to host RAM */
