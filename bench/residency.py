@@ -42,8 +42,11 @@ budget 8 GiB), modes:
 both ranks' overflow fits the host's memory): the ``train`` workload under
 DistributedDataParallel (NCCL, gradient_as_bucket_view), one process per GPU, each rank with
 its own tokens and the budget (or memory fraction) on its own GPU; modes stock, um-static,
-um, um-prev, um-predict, stock-fraction. A step's time is the slower rank's; the record keeps every
-rank's fields under ``ranks``.
+um, um-prev, um-predict, stock-fraction, and um-predict-1gpu: the ``train`` workload with
+predict on one GPU, no DDP, at the same budget. A step's time is the slower rank's; the
+record keeps every rank's fields under ``ranks``, and with um-predict-1gpu in the run each
+mode's ``ranks_per_single``: every rank's median step over the one-GPU run's (issue 8's bar:
+at most 1.2).
 
 Every mode is a worker process of its own, alternating over rounds (the order rotates each
 round); a worker times WARMUP + STEPS steps, each between two torch.cuda.synchronize() calls,
@@ -128,9 +131,22 @@ MODES: dict[str, tuple[str, ...]] = {
         "stock-fraction",
     ),
     "infer": ("stock", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "accelerate"),
-    "ddp": ("stock", "um-static", "um", "um-prev", "um-predict", "stock-fraction"),
+    "ddp": (
+        "stock",
+        "um-static",
+        "um",
+        "um-prev",
+        "um-predict",
+        "um-predict-1gpu",
+        "stock-fraction",
+    ),
 }
-UM_MODES = ("um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "um-predict")
+# ddp: the same training on one GPU, no DDP, at the same budget (issue 8's DDP bar: each
+# rank within 1.2x of it).
+SINGLE = "um-predict-1gpu"
+UM_MODES = (
+    "um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "um-predict", SINGLE,
+)  # fmt: skip
 PREV = "um-prev"  # runs on --prev-pythonpath
 # The offload tool each workload is compared with (the issue's bar): /peer in the table.
 PEER = {"train": "fsdp2-offload-ckpt", "infer": "accelerate"}
@@ -144,6 +160,7 @@ UM_CONF = {
     "um-nohooks": "policy:lru,hooks:False",
     "um-copies": "policy:lru,read_copies:True",
     "um-predict": "policy:lru,hooks:True,predict:True",
+    SINGLE: "policy:lru,hooks:True,predict:True",
 }
 DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "ddp": "12GiB"}
 BATCH = {"train": (4, 1024), "infer": (8, 512), "ddp": (4, 1024)}
@@ -221,6 +238,18 @@ def agreement(workload: str, ref: dict[str, Any] | None, sample: dict[str, Any])
     return float(max(abs(b - a) / abs(a) if a else abs(b - a) for a, b in pairs))
 
 
+def ranks_per_single(runs: list[dict[str, Any]], single_s: float) -> list[float] | None:
+    """ddp: per rank, the median over the mode's workers of that rank's own median step
+    seconds, over the one-GPU run's (SINGLE); None without ranks."""
+    per_rank = [s["ranks"] for s in runs if _ok(s) and s.get("ranks")]
+    if not per_rank:
+        return None
+    return [
+        statistics.median(ranks[r]["median_s"] for ranks in per_rank) / single_s
+        for r in range(min(len(ranks) for ranks in per_rank))
+    ]
+
+
 def summarize(
     workload: str, samples: list[dict[str, Any]], budget: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -242,6 +271,7 @@ def summarize(
     prev = modes.get(PREV)
     plain = modes.get("um")  # the residency policy without prediction
     peer = modes.get(PEER.get(workload, ""))
+    single = modes.get(SINGLE) if workload == "ddp" else None
     rows: dict[str, Any] = {}
     for mode, sec in modes.items():
         runs = [s for s in samples if s["mode"] == mode]
@@ -260,6 +290,8 @@ def summarize(
             "oom": sum(1 for s in runs if s.get("oom")),
             "errors": [s["error"] for s in runs if "error" in s],
         }
+        if single:
+            rows[mode]["ranks_per_single"] = ranks_per_single(runs, single)
     analysis = {
         "floor": {
             "stock_s": modes["stock"],
@@ -314,6 +346,13 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
             f"{cell(row['per_floor'], '9.2f')}"
             f"{cell(row['agreement'], '12.3g')}  {'; '.join(note)}"
         )
+    bar = [
+        f"{mode} " + ", ".join(f"{x:.3f}" for x in row["ranks_per_single"])
+        for mode, row in analysis["modes"].items()
+        if row.get("ranks_per_single")
+    ]
+    if bar:
+        lines.append(f"each rank / {SINGLE} (bar: at most 1.2): " + "; ".join(bar))
     return "\n".join(lines)
 
 
@@ -698,7 +737,7 @@ def worker(
     base = {"mode": mode, "workload": workload, "budget": budget}
     torch: Any = None
     try:
-        if workload == "ddp" and rank is None and mode != LINK:
+        if workload == "ddp" and rank is None and mode not in (LINK, SINGLE):
             emit({**base, **_ddp_launch(mode, steps, warmup, budget, 570, extra_conf)})
             return
         torch = importlib.import_module("torch")
@@ -706,9 +745,8 @@ def worker(
         if mode == LINK:
             fields = _link_worker(torch)
         else:
-            fields = _run(
-                torch, mode, workload, steps, warmup, budget, rank or 0, phases, extra_conf
-            )
+            run_as = "train" if mode == SINGLE else workload  # one GPU, no DDP
+            fields = _run(torch, mode, run_as, steps, warmup, budget, rank or 0, phases, extra_conf)
         fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         emit({**base, **fields})
     except Exception as e:  # the orchestrator reports every failure

@@ -290,8 +290,35 @@ def test_residency_ddp_uses_the_training_floor_and_losses() -> None:
         "um-static",
         "um",
         "um-predict",
+        "um-predict-1gpu",
         "stock-fraction",
     ]
+    assert "ranks_per_single" not in analysis["modes"]["um"]  # no one-GPU run in it
+
+
+def test_residency_ddp_sets_each_rank_against_one_gpu_at_the_same_budget() -> None:
+    def ranked(*medians: float) -> dict[str, Any]:
+        ranks = [{"median_s": m} for m in medians]
+        return _res("um-predict", max(medians), ranks=ranks, losses=[1.0])
+
+    samples = [
+        _link(50e9, 50e9),
+        _res("stock", 0.2, max_allocated_bytes=20 * GIB, losses=[1.0]),
+        ranked(1.1, 1.3),
+        ranked(1.0, 1.2),
+        ranked(1.2, 9.0),
+        _res("um-predict-1gpu", 1.0, losses=[1.0]),
+        {"mode": "um", "oom": True},
+    ]
+    summary, analysis = residency.summarize("ddp", samples, 12 * GIB)
+    assert summary["modes"]["um-predict-1gpu"] == 1.0
+    # per rank, the median over the three workers of that rank's own median
+    assert analysis["modes"]["um-predict"]["ranks_per_single"] == pytest.approx([1.1, 1.3])
+    assert analysis["modes"]["um"]["ranks_per_single"] is None  # no rank finished
+    text = residency.table("ddp", summary, analysis)
+    assert "each rank / um-predict-1gpu (bar: at most 1.2): um-predict 1.100, 1.300" in text
+    train, _ = residency.summarize("train", samples, 12 * GIB)
+    assert "um-predict-1gpu" not in train["modes"]  # a ddp mode only
 
 
 def test_residency_ddp_merges_ranks_by_the_slower_one() -> None:
