@@ -16,30 +16,31 @@ So, with ``predict:True`` and while the module hooks are on (Note [Use signals],
 a global optimizer-step pre-hook runs the step itself, in chunks:
 
 - the parameters with a gradient are cut, in the optimizer's order, into runs whose
-  state (tensors of at least MIN_BYTES) fits a fifth of the free room under the
-  budget past MARGIN (``_um_plan.state_chunks``): three chunks' buffers are live at a
-  time (one coming in, one stepped, one going out), and the step's own temporaries
-  take up to two more. The saved-activation
-  offload keeps a larger margin (a sixteenth of the budget) for its copies in flight;
-  between the backward and the step none are, and with that margin two steps in five
-  found too little room and ran unstaged (bench/README.md, prediction step 12);
+  state (tensors of at least MIN_BYTES) fits a fifth of the free room under the budget
+  past MARGIN (``_um_plan.state_chunks``): three chunks' buffers are live at a time (one
+  coming in, one stepped, one going out), and the step's own temporaries take up to two
+  more. The saved-activation offload keeps a larger margin (a sixteenth of the budget)
+  for its copies in flight; between the backward and the step none are, and with that
+  margin two steps in five found too little room and ran unstaged (bench/README.md,
+  prediction step 12);
 - per chunk: device buffers are taken from the allocator (the blocks the backward
-  freed), a copy kernel on a side stream brings the chunk's state into them while the
+  freed), a copy kernel on one side stream brings the chunk's state into them while the
   chunk before is stepped, the state entries are pointed at the buffers, the
-  optimizer's own step runs (unhooked, on the compute stream) with every parameter
-  group narrowed to the chunk, the entries are pointed back, and a copy kernel on a
-  second side stream takes the chunk's state back out to its original tensors while
-  the next chunk is stepped. So the steps overlap the copies (the optimizer phase of
-  the model above took 0.185 s so, against 0.219 s with everything on the compute
-  stream: bench/README.md, prediction step 11). The compute stream waits for the
-  copies in before each step and for the copies out before anything after the step.
-  A chunk's buffers are freed two chunks later, after the compute stream has waited
-  for an event recorded after their copy out, so that the allocator hands their
-  blocks out again at once, in stream order. With ``record_stream`` instead, a block
-  comes back only once the allocator sees the event pass, and the engine sees it die
-  no sooner, so the next forward finds less dead room. (A first two-stream version lost
-  bit-exactness with SGD once; that was the engine's race of prediction step 12, in
-  the run with staging off, not the streams.);
+  optimizer's own step runs (unhooked, on the compute stream) with every parameter group
+  narrowed to the chunk, the entries are pointed back, and a copy kernel on a second
+  side stream takes the chunk's state back out to its original tensors while the next
+  chunk is stepped. The compute stream waits for a chunk's copy in before its step, and
+  for every copy out before anything after the step. For the model above the optimizer
+  phase takes 0.169 s so, against 0.219 s with the copies on the compute stream
+  (bench/README.md, prediction step 13);
+- a chunk's buffers are freed two chunks later, after the compute stream has waited for
+  an event recorded after their copy out, so that the allocator hands their blocks out
+  again at once, in stream order. With ``record_stream`` instead, a block came back
+  only once the allocator saw the event pass, the engine saw it die no sooner, and the
+  forward after the step evicted where it would have reused dead room: the step took
+  0.749 s against 0.687 s with the copies on the compute stream (step 13). (Step 11's two-stream version lost bit-exactness with
+  SGD once; that was the engine's race of step 12, in the run with staging off, not the
+  streams.);
 - the step that follows the hook then runs over empty parameter groups (it does
   nothing, but counts as the step: LR schedulers and ``_optimizer_step_code`` see one
   step), and the post-hook puts the groups back. Anything after the step, on the
