@@ -11,9 +11,10 @@ mode (default budget 8 GiB / 2 GiB, total-managed cap at 80 % of free memory), w
 records ``--steps`` steps with torch.profiler (CUDA activity). From the trace it prints one
 JSON line per step: the step's wall seconds; the summed kernel seconds and, per kernel
 family (GEMM, attention, elementwise, reduction/norm, optimizer foreach, other), seconds and
-count; the busy and idle seconds of the stream that ran the most kernel time, and its idle
-gaps longer than 1 ms (count, seconds); and per stream, the copies' count, busy seconds,
-GB and GB/s while busy.
+count; the busy and idle seconds of the stream that ran the most kernel time, its idle
+gaps longer than 1 ms (count, seconds), and its device waits by the stream-ordered calls
+(event waits, copies, prefetches) queued between the two kernels' launches; and per
+stream, the copies' count, busy seconds, GB and GB/s while busy.
 With ``--phases`` each step is split at synchronisations into forward, backward and
 optimizer, one line each, with the step's change in the engine's and the predictor's
 counters. A kernel that reads or writes host RAM in place runs
@@ -44,6 +45,12 @@ FAMILIES = (
 )
 
 
+# CUDA calls that order work on a stream (what a launched kernel can queue behind); INVALID
+# is how the profiler names calls it does not know, CUDA 13's batch prefetch and discard
+# among them.
+STREAM_ORDERED = re.compile(r"StreamWaitEvent|Memcpy|Memset|Prefetch|Discard|MemAdvise|INVALID")
+
+
 def family(name: str) -> str:
     for fam, pattern in FAMILIES:
         if pattern.search(name):
@@ -55,8 +62,10 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
     """Within [t0, t1) (microseconds): kernel time by family; the busiest stream's idle
     gaps, each split into the part before its next kernel was launched on the host
     (``host_late_s``: the compute thread was elsewhere, in the engine or in Python) and the
-    rest (``device_wait_s``: launched, but queued behind a migration or an event); and the
-    host time of CUDA API calls, by thread and call."""
+    rest (``device_wait_s``: launched, but queued behind a migration or an event), the
+    latter also by what the launching thread queued between the two kernels' launches
+    (``device_wait_after``: the stream-ordered calls, STREAM_ORDERED, joined by "+", or
+    "none"); and the host time of CUDA API calls, by thread and call."""
 
     def window(cats: tuple[str, ...]) -> list[dict[str, Any]]:
         return [
@@ -65,18 +74,21 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
 
     kernels = window(("kernel",))
     api = window(("cuda_runtime", "cuda_driver"))
-    launched_at = {
-        (e.get("args") or {}).get("correlation"): e["ts"] + e["dur"]
+    launches = {
+        (e.get("args") or {}).get("correlation"): e
         for e in api
         if "correlation" in (e.get("args") or {})
     }
     by_family: dict[str, list[float]] = {}
-    by_stream: dict[Any, list[tuple[float, float, float]]] = {}
+    by_stream: dict[Any, list[tuple[float, float, float, dict[str, Any] | None]]] = {}
     for k in kernels:
         by_family.setdefault(family(k.get("name", "")), []).append(k["dur"])
         args = k.get("args") or {}
-        launched = launched_at.get(args.get("correlation"), k["ts"])
-        by_stream.setdefault(args.get("stream"), []).append((k["ts"], k["ts"] + k["dur"], launched))
+        call = launches.get(args.get("correlation"))
+        launched = call["ts"] + call["dur"] if call else k["ts"]
+        by_stream.setdefault(args.get("stream"), []).append(
+            (k["ts"], k["ts"] + k["dur"], launched, call)
+        )
     calls: dict[str, float] = {}
     for e in api:
         key = f"{e.get('tid')}:{e.get('name')}"
@@ -105,16 +117,23 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
     out["copies_by_stream"] = copies
     if by_stream:
         stream, spans = max(by_stream.items(), key=lambda kv: sum(s[1] - s[0] for s in kv[1]))
-        spans.sort()
+        spans.sort(key=lambda sp: sp[:3])
         busy = late = 0.0
         gaps: list[float] = []
+        after: dict[str, float] = {}
         end = spans[0][0]
-        for a, b, launched in spans:
+        prev_call: dict[str, Any] | None = None
+        for a, b, launched, call in spans:
             if a > end:
                 gaps.append(a - end)
-                late += min(a - end, max(0.0, launched - end))
+                host = min(a - end, max(0.0, launched - end))
+                late += host
+                if a - end > host:
+                    key = _queued_between(api, prev_call, call)
+                    after[key] = after.get(key, 0.0) + (a - end - host)
             busy += max(0.0, b - max(a, end))
             end = max(end, b)
+            prev_call = call
         long_gaps = [g for g in gaps if g > 1000]
         out["stream"] = {
             "id": stream,
@@ -126,8 +145,28 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
             "gaps_over_1ms": len(long_gaps),
             "gaps_over_1ms_s": sum(long_gaps) / 1e6,
             "largest_gaps_ms": [round(g / 1000, 1) for g in sorted(long_gaps)[-5:]],
+            "device_wait_after": {
+                k: round(v / 1e6, 4) for k, v in sorted(after.items(), key=lambda kv: -kv[1])[:8]
+            },
         }
     return out
+
+
+def _queued_between(
+    api: list[dict[str, Any]], prev: dict[str, Any] | None, call: dict[str, Any] | None
+) -> str:
+    """The stream-ordered calls that the thread launching ``call`` made after the launch
+    ``prev`` (the kernel before on the stream) and before ``call``, as one key."""
+    if call is None or prev is None:
+        return "unknown launch"
+    names = {
+        e.get("name", "")
+        for e in api
+        if e.get("tid") == call.get("tid")
+        and prev["ts"] < e["ts"] < call["ts"]
+        and STREAM_ORDERED.search(e.get("name", ""))
+    }
+    return "+".join(sorted(names)) or "none"
 
 
 def main(argv: list[str] | None = None) -> int:

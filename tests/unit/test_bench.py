@@ -359,10 +359,16 @@ def test_timeline_gaps_split_into_host_late_and_device_wait() -> None:
             "args": args,
         }
 
+    def call(ts: float, name: str, tid: int = 3) -> dict[str, object]:
+        return {"cat": "cuda_runtime", "ph": "X", "ts": ts, "dur": 1.0, "name": name, "tid": tid}
+
     events = [
         kernel(0, 10, 1),
         launch(1500, 2),  # launched 1490 us into a 1990 us gap: mostly the host's
         kernel(2000, 10, 2, "vectorized_elementwise_kernel"),
+        call(1700, "cudaStreamWaitEvent"),  # queued on the stream between the two launches
+        call(1800, "cudaEventRecord"),  # orders nothing
+        call(1900, "INVALID", tid=4),  # another thread's
         launch(2005, 3),  # launched at once, ran 3000 us later: waiting on the device
         kernel(5000, 10, 3, "multi_tensor_apply_kernel"),
         kernel(9000, 10, 4),  # outside the window
@@ -379,7 +385,13 @@ def test_timeline_gaps_split_into_host_late_and_device_wait() -> None:
     assert stream["host_late_s"] == pytest.approx((1505 - 10 + 2010 - 2010) / 1e6)
     assert stream["device_wait_s"] == pytest.approx(stream["idle_s"] - stream["host_late_s"])
     assert stream["gaps_over_1ms"] == 2
-    assert out["api_s"] == {"3:cudaLaunchKernel": 0.0}
+    # the first gap's kernel before has no launch in the trace; the second's wait follows
+    # the stream wait its thread queued between the launches
+    assert stream["device_wait_after"] == {
+        "cudaStreamWaitEvent": pytest.approx(2990 / 1e6, abs=1e-4),  # rounded to 0.1 ms
+        "unknown launch": pytest.approx(495 / 1e6, abs=1e-4),
+    }
+    assert out["api_s"]["3:cudaLaunchKernel"] == 0.0
 
 
 def test_error_text_keeps_no_path_of_the_machine() -> None:
