@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def run(make: Callable[[Any], Any], past_budget: bool) -> list[float]:
-        # hooked: staging off, so the optimizer reads its state in host RAM
+        # hooked (without --staging): staging off, the optimizer reads its state in host RAM
         return staged_mlp_run(make, um if past_budget else None, hooked=not a.staging)[0]
 
     torch.use_deterministic_algorithms(True, warn_only=True)
