@@ -38,9 +38,9 @@ a global optimizer-step pre-hook runs the step itself, in chunks:
   again at once, in stream order. With ``record_stream`` instead, a block came back
   only once the allocator saw the event pass, the engine saw it die no sooner, and the
   forward after the step evicted where it would have reused dead room: the step took
-  0.749 s against 0.687 s with the copies on the compute stream (step 13). (Step 11's two-stream version lost bit-exactness with
-  SGD once; that was the engine's race of step 12, in the run with staging off, not the
-  streams.);
+  0.749 s against 0.687 s with the copies on the compute stream (step 13). (Step 11's
+  two-stream version lost bit-exactness with SGD once; that was the engine's race of
+  step 12, in the run with staging off, not the streams.);
 - the step that follows the hook then runs over empty parameter groups (it does
   nothing, but counts as the step: LR schedulers and ``_optimizer_step_code`` see one
   step), and the post-hook puts the groups back. Anything after the step, on the
