@@ -77,7 +77,9 @@ with ``stock_s`` the median seconds of the ``stock`` mode. Printed per mode: its
 seconds (median over rounds of the per-worker medians; null when it ran out of memory), its
 ratio to ``um-static``, to ``um-prev`` and to the floor, and its agreement with stock: the
 largest absolute difference of the per-step losses (train) or the relative difference of the
-logits checksum, float(logits.float().sum()) of the fixed input (infer).
+logits checksum, float(logits.float().sum()) of the fixed input (infer). Then, for train
+and infer, each mode's step over the peer's within each round (``per_peer_by_round``: the
+peer's own time varies between rounds, so a ratio of medians alone can mislead).
 
 The record, ``<out>/residency-<train|infer>-<gpu>-<date>.json``: command, machine, the +um
 torch and engine, settings, ``summary`` = ``{"floor_s": ..., "modes": {<mode>: median seconds
@@ -238,6 +240,22 @@ def agreement(workload: str, ref: dict[str, Any] | None, sample: dict[str, Any])
     return float(max(abs(b - a) / abs(a) if a else abs(b - a) for a, b in pairs))
 
 
+def per_round(samples: list[dict[str, Any]], mode: str, ref: str) -> list[float] | None:
+    """The mode's median step over the ``ref`` mode's, round by round, for the rounds in
+    which both finished: a peer whose time varies between rounds (FSDP2 on the H200 host,
+    1.25-1.45 s) is then compared within each round, where both ran on the same machine
+    state. None when no round has both (or the samples carry no round)."""
+
+    def by_round(m: str) -> dict[int, float]:
+        return {
+            s["round"]: s["median_s"] for s in samples if s["mode"] == m and "round" in s and _ok(s)
+        }
+
+    mine, theirs = by_round(mode), by_round(ref)
+    both = sorted(set(mine) & set(theirs))
+    return [mine[r] / theirs[r] for r in both] or None
+
+
 def ranks_per_single(runs: list[dict[str, Any]], single_s: float) -> list[float] | None:
     """ddp: per rank, the median over the mode's workers of that rank's own median step
     seconds, over the one-GPU run's (SINGLE); None without ranks."""
@@ -284,6 +302,9 @@ def summarize(
             "per_um_prev": sec / prev if sec is not None and prev else None,
             "per_um": sec / plain if sec is not None and plain else None,
             "per_peer": sec / peer if sec is not None and peer else None,
+            "per_peer_by_round": per_round(samples, mode, PEER[workload])
+            if workload in PEER and mode != PEER[workload]
+            else None,
             "per_floor": sec / floor if sec is not None and floor else None,
             "agreement": max(diffs) if diffs else None,
             "runs": len(runs),
@@ -346,6 +367,13 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
             f"{cell(row['per_floor'], '9.2f')}"
             f"{cell(row['agreement'], '12.3g')}  {'; '.join(note)}"
         )
+    rounds = [
+        f"{mode} " + ", ".join(f"{x:.3f}" for x in row["per_peer_by_round"])
+        for mode, row in analysis["modes"].items()
+        if row.get("per_peer_by_round")
+    ]
+    if rounds:
+        lines.append("/peer round by round: " + "; ".join(rounds))
     bar = [
         f"{mode} " + ", ".join(f"{x:.3f}" for x in row["ranks_per_single"])
         for mode, row in analysis["modes"].items()
@@ -783,6 +811,7 @@ def run_all(
                 MODULE, ["--mode", mode, workload, *worker_args], path, timeout, {"mode": mode}
             )
             res.setdefault("mode", mode)
+            res["round"] = r + 1  # per-round ratios to the peer (summarize)
             print(f"round {r + 1}/{rounds} {describe(res)}", flush=True)
             samples.append(res)
     return samples

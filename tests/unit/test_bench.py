@@ -274,6 +274,30 @@ def test_residency_worker_reports_a_missing_torch_as_an_error(
     assert rec["mode"] == "um" and "ModuleNotFoundError" in rec["error"]
 
 
+def test_residency_sets_each_mode_against_the_peer_round_by_round() -> None:
+    losses = {"losses": [1.0]}
+    samples = [
+        _link(50e9, 50e9),
+        _res("stock", 0.1, max_allocated_bytes=20 * GIB, round=1, **losses),
+        _res("um-predict", 0.65, round=1, **losses),
+        _res("fsdp2-offload-ckpt", 1.4, round=1, **losses),
+        _res("um-predict", 0.64, round=2, **losses),
+        _res("fsdp2-offload-ckpt", 1.2, round=2, **losses),
+        _res("um-predict", 0.66, round=3, **losses),
+        {"mode": "fsdp2-offload-ckpt", "round": 3, "error": "Traceback ..."},
+        _res("um", 1.1, **losses),  # a record from before rounds were kept
+    ]
+    summary, analysis = residency.summarize("train", samples, 8 * GIB)
+    rows = analysis["modes"]
+    # within each round, against the peer's time of that round; round 3's peer failed
+    assert rows["um-predict"]["per_peer_by_round"] == pytest.approx([0.65 / 1.4, 0.64 / 1.2])
+    assert rows["um-predict"]["per_peer"] == pytest.approx(0.65 / 1.3)  # medians' ratio
+    assert rows["um"]["per_peer_by_round"] is None
+    assert rows["fsdp2-offload-ckpt"]["per_peer_by_round"] is None  # the peer itself
+    text = residency.table("train", summary, analysis)
+    assert "/peer round by round: stock 0.071; um-predict 0.464, 0.533" in text
+
+
 def test_residency_ddp_uses_the_training_floor_and_losses() -> None:
     losses = {"losses": [10.0, 9.0]}
     samples = [
