@@ -61,6 +61,17 @@ def um_module(torch: Any, mode: str) -> Any:
     return um
 
 
+# Counters of torch.cuda.um.predict_stats() that are levels (the predictor's current
+# target and lookahead), not counts: a phase or step reports them as they are at its end.
+LEVELS = ("target_bytes", "lookahead_bytes")
+
+
+def counter_change(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """What a phase or step did to the engine's counters: each count's difference, each
+    level (LEVELS) as it is after."""
+    return {k: v if k.endswith(LEVELS) else v - before.get(k, 0) for k, v in after.items()}
+
+
 def emit(result: dict[str, Any]) -> None:
     """The worker's answer: one line on stdout."""
     print(MARK + json.dumps(result), flush=True)

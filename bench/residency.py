@@ -107,6 +107,7 @@ from bench.common import (
     GiB,
     cell,
     command_line,
+    counter_change,
     emit,
     error_text,
     last_line,
@@ -162,8 +163,8 @@ UM_CONF = {
     "um-nohooks": "policy:lru,hooks:False",
     "um-copies": "policy:lru,read_copies:True",
     "um-predict": "policy:lru,hooks:True,predict:True",
-    SINGLE: "policy:lru,hooks:True,predict:True",
 }
+UM_CONF[SINGLE] = UM_CONF["um-predict"]
 DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "ddp": "12GiB"}
 BATCH = {"train": (4, 1024), "infer": (8, 512), "ddp": (4, 1024)}
 TRAINING = ("train", "ddp")  # workloads that train (losses, the full-duplex floor)
@@ -367,20 +368,17 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
             f"{cell(row['per_floor'], '9.2f')}"
             f"{cell(row['agreement'], '12.3g')}  {'; '.join(note)}"
         )
-    rounds = [
-        f"{mode} " + ", ".join(f"{x:.3f}" for x in row["per_peer_by_round"])
-        for mode, row in analysis["modes"].items()
-        if row.get("per_peer_by_round")
-    ]
-    if rounds:
-        lines.append("/peer round by round: " + "; ".join(rounds))
-    bar = [
-        f"{mode} " + ", ".join(f"{x:.3f}" for x in row["ranks_per_single"])
-        for mode, row in analysis["modes"].items()
-        if row.get("ranks_per_single")
-    ]
-    if bar:
-        lines.append(f"each rank / {SINGLE} (bar: at most 1.2): " + "; ".join(bar))
+    for key, label in (
+        ("per_peer_by_round", "/peer round by round"),
+        ("ranks_per_single", f"each rank / {SINGLE} (bar: at most 1.2)"),
+    ):
+        ratios = [
+            f"{mode} " + ", ".join(f"{x:.3f}" for x in row[key])
+            for mode, row in analysis["modes"].items()
+            if row.get(key)
+        ]
+        if ratios:
+            lines.append(f"{label}: " + "; ".join(ratios))
     return "\n".join(lines)
 
 
@@ -574,11 +572,7 @@ class _PhaseClock:
     def __call__(self, phase: str) -> None:
         self.torch.cuda.synchronize()
         t, c = time.perf_counter(), self._counters()
-        self.steps[-1][phase] = {
-            "s": t - self.t,
-            **{k: c[k] - self.c.get(k, 0) for k in c if not k.endswith("target_bytes")},
-            **{k: c[k] for k in c if k.endswith("target_bytes")},  # a level, not a count
-        }
+        self.steps[-1][phase] = {"s": t - self.t, **counter_change(self.c, c)}
         self.t, self.c = t, c
 
 

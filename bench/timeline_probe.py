@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchError, run_main, safe_cap, um_module
+from bench.common import BenchError, counter_change, run_main, safe_cap, um_module
 from bench.residency import DEFAULT_BUDGET, UM_CONF, _build_model, _tokens, parse_size
 
 FAMILIES = (
@@ -241,9 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize()
             marks.append((t, time.perf_counter()))
             after = counters()
-            counts.append(
-                {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-            )
+            counts.append({k: v for k, v in counter_change(before, after).items() if v})
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))

@@ -277,9 +277,6 @@ def test_gpt2_training_with_predict_is_bit_exact(torch_mod: Any, um: Any, limits
         assert under == pytest.approx(in_memory[0], rel=1e-4)
 
 
-_staged_run = staged_mlp_run  # bench/workloads.py
-
-
 STAGED_OPTIMIZERS = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3),
     "adam-amsgrad-wd": lambda ps: torch.optim.Adam(ps, lr=1e-3, amsgrad=True, weight_decay=0.01),
@@ -294,7 +291,7 @@ def _in_memory_then_past_budget(um: Any, make: Any) -> tuple[list[float], list[A
     that follow."""
     release_cache(torch)
     um.configure(device_budget="90%")
-    in_memory = _staged_run(make)
+    in_memory = staged_mlp_run(make)
     _tiny_budget(um)
     um.configure(predict=True)
     return in_memory
@@ -313,9 +310,9 @@ def test_optimizer_staging_is_bit_exact(
     try:
         in_memory = _in_memory_then_past_budget(um, make)
         before = um.predict_stats()
-        staged = _staged_run(make, um)
+        staged = staged_mlp_run(make, um)
         mid = um.predict_stats()
-        hooked = _staged_run(make, um, hooked=True)
+        hooked = staged_mlp_run(make, um, hooked=True)
         got = um.predict_stats()
     finally:
         torch.use_deterministic_algorithms(False)
@@ -346,11 +343,11 @@ def test_unstaged_training_is_bit_exact_run_after_run(
     try:
         in_memory = _in_memory_then_past_budget(um, make)
         before = um.stats()
-        runs = [_staged_run(make, um, hooked=True)]
+        runs = [staged_mlp_run(make, um, hooked=True)]
         for _ in range(5):
             _tiny_budget(um)  # a fresh cache each run
             um.configure(predict=True)
-            runs.append(_staged_run(make, um, hooked=True))
+            runs.append(staged_mlp_run(make, um, hooked=True))
     finally:
         torch.use_deterministic_algorithms(False)
     differ = [i for i, run in enumerate(runs) if run[0] != in_memory[0]]

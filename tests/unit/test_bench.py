@@ -274,6 +274,18 @@ def test_residency_worker_reports_a_missing_torch_as_an_error(
     assert rec["mode"] == "um" and "ModuleNotFoundError" in rec["error"]
 
 
+def test_counter_change_diffs_counts_and_keeps_levels() -> None:
+    before = {"um.evict_bytes": 10, "predict.hits": 3, "predict.lookahead_bytes": 256}
+    after = {"um.evict_bytes": 25, "predict.hits": 3, "predict.lookahead_bytes": 1024}
+    after["predict.target_bytes"] = 7
+    assert common.counter_change(before, after) == {
+        "um.evict_bytes": 15,
+        "predict.hits": 0,
+        "predict.lookahead_bytes": 1024,  # a level: as it is after, not 768
+        "predict.target_bytes": 7,
+    }
+
+
 def test_residency_sets_each_mode_against_the_peer_round_by_round() -> None:
     losses = {"losses": [1.0]}
     samples = [

@@ -282,7 +282,6 @@ class Stager:
                         copied = torch.cuda.Event()
                         copied.record(out)
                     leaving.append((copied, back))
-                    swaps = back = []
         finally:
             # Whatever runs after the step reads the state written back; the buffers
             # still held (leaving, coming) are freed after these waits.
