@@ -33,6 +33,11 @@ budget 8 GiB), modes:
   stock, um-static, um, um-prev, and
   um-copies           +um, policy lru with read-only copies of the weights (read_copies:True,
                       off by default: see bench/README.md)
+  um-predict          as um, with predict:True: parameters past the budget are read by copy
+                      into device buffers ahead of their module (Note [Weight streaming],
+                      torch/cuda/_um_weights.py); the record adds predict_stats
+  um-predict-advice   um-predict with per-kind advice: the parameters read in place come
+                      back as read-only copies (ReadMostly, read_copies:True)
   um-nohooks          +um, policy lru driven by block events alone (hooks:False)
   accelerate          stock torch, accelerate.dispatch_model(model, infer_auto_device_map(
                       model, max_memory={0: BUDGET, "cpu": "200GiB"},
@@ -133,7 +138,17 @@ MODES: dict[str, tuple[str, ...]] = {
         "fsdp2-offload-ckpt",
         "stock-fraction",
     ),
-    "infer": ("stock", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "accelerate"),
+    "infer": (
+        "stock",
+        "um-static",
+        "um",
+        "um-prev",
+        "um-copies",
+        "um-nohooks",
+        "um-predict",
+        "um-predict-advice",
+        "accelerate",
+    ),
     "ddp": (
         "stock",
         "um-static",
@@ -148,7 +163,8 @@ MODES: dict[str, tuple[str, ...]] = {
 # rank within 1.2x of it).
 SINGLE = "um-predict-1gpu"
 UM_MODES = (
-    "um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "um-predict", SINGLE,
+    "um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "um-predict",
+    "um-predict-advice", SINGLE,
 )  # fmt: skip
 PREV = "um-prev"  # runs on --prev-pythonpath
 # The offload tool each workload is compared with (the bar): /peer in the table.
@@ -163,6 +179,7 @@ UM_CONF = {
     "um-nohooks": "policy:lru,hooks:False",
     "um-copies": "policy:lru,read_copies:True",
     "um-predict": "policy:lru,hooks:True,predict:True",
+    "um-predict-advice": "policy:lru,hooks:True,predict:True,read_copies:True",
 }
 UM_CONF[SINGLE] = UM_CONF["um-predict"]
 DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "ddp": "12GiB"}

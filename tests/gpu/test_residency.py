@@ -430,6 +430,73 @@ def test_inference_under_budget_matches_in_memory(torch_mod: Any, um: Any, limit
     assert _on_device(um) <= 128 * MiB
 
 
+def _nudged(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """223 MiB of Linear layers; a forward pre-hook of the middle one (where the streaming
+    takes its first call: _um_plan.spread_order) adds to its weight in place, so each
+    forward reads what the one before wrote (a call that writes a streamed parameter)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 4096) if i % 2 == 0
+                                  else torch.nn.Linear(4096, 1024) for i in range(14)])
+
+    def nudge(module: torch.nn.Module, args: object) -> None:
+        with torch.no_grad():
+            module.weight.add_(1e-3)
+
+    model[7].register_forward_pre_hook(nudge)
+    return model.cuda().eval(), torch.randn(256, 1024, device="cuda")
+
+
+def test_inference_streams_weights_by_copy_and_matches_in_memory(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """Note [Weight streaming]: past the budget, forwards without autograd read the
+    parameters of some module calls by copy; outputs equal the in-memory run's through a
+    batch-size change, weights changed between forwards, no_grad as well as
+    inference_mode, and a call whose parameter is written in place during it."""
+    release_cache(torch)
+    um.configure(device_budget="90%", read_copies=False)
+    model, x = _nudged(3)
+    expect, expect_small = [], []
+    with torch.inference_mode():
+        for _ in range(3):
+            expect.append(model(x).float())
+            expect_small.append(model(x[:64]).float())
+        nudged_after = model[7].weight.float().clone()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+        expect_halved = model(x).float()
+    del model
+    # 224 MiB of parameters past a 160 MiB budget (the ring of copies: 32 MiB).
+    _tiny_budget(um, 160 * MiB)
+    um.configure(predict=True, read_copies=False)
+    model, x = _nudged(3)
+    time.sleep(0.3)  # the pressure watcher installs the hooks within 0.1 s
+    before = um.predict_stats()
+    with torch.inference_mode():
+        for i in range(3):
+            got = model(x).float()
+            got_small = model(x[:64]).float()
+            assert torch.equal(got, expect[i]), f"forward {i}"
+            assert torch.equal(got_small, expect_small[i]), f"forward {i}, batch 64"
+        assert torch.equal(model[7].weight.float(), nudged_after)
+    mid = um.predict_stats()
+    change = {k: v - before.get(k, 0) for k, v in mid.items() if k.startswith("predict.stream")}
+    print(f"[um] weight streaming: {change}")
+    assert change["predict.stream_streamed_bytes"] > 0
+    assert change["predict.stream_write_backs"] > 0  # the nudged weight was streamed
+    assert _on_device(um) <= 160 * MiB
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+        got = model(x).float()
+        assert torch.equal(got, expect_halved)  # the copies are of the weights as they are
+        for _ in range(3):
+            model(x)
+    assert um.predict_stats()["predict.stream_streamed_bytes"] > mid["predict.stream_streamed_bytes"]
+    assert _on_device(um) <= 160 * MiB
+
+
 def test_inference_read_only_copies(torch_mod: Any, um: Any, limits: Limits) -> None:
     release_cache(torch)
     um.configure(device_budget="90%")

@@ -214,6 +214,8 @@ def test_residency_summary_infer_without_stock_has_no_floor() -> None:
             "um-prev": None,
             "um-copies": None,
             "um-nohooks": None,
+            "um-predict": None,
+            "um-predict-advice": None,
             "accelerate": 0.2,
         },
     }
@@ -229,6 +231,8 @@ def test_residency_selected_modes() -> None:
         "um",
         "um-copies",
         "um-nohooks",
+        "um-predict",
+        "um-predict-advice",
         "accelerate",
     ]
     assert residency.selected_modes("train", "um, stock") == ["um", "stock"]

@@ -241,3 +241,122 @@ def test_state_chunks_cover_every_parameter_once_in_order() -> None:
         assert [i for run in runs for i in run] == list(range(len(sizes)))
         for run in runs:
             assert len(run) == 1 or sum(sizes[i] for i in run) <= limit
+
+
+# ---- Note [Weight streaming] (torch/cuda/_um_weights.py) ------------------------------
+
+
+def _scan_calls(n: int, per: int = 100 * MiB) -> list[list[tuple[int, int]]]:
+    """A forward's calls: one per layer, each reading its own weight."""
+    return [[(i, per)] for i in range(n)]
+
+
+def _plan(calls: list[list[tuple[int, int]]], target: int, largest: int = 10**15) -> Any:
+    return plan.stream_plan(calls, target, plan.spread_order(calls), largest)
+
+
+def test_spread_order_starts_in_the_middle_and_halves() -> None:
+    calls = _scan_calls(8)
+    assert plan.spread_order(calls) == [4, 2, 6, 1, 5, 3, 7, 0]  # van der Corput
+    # Calls too small to be hit come last, in forward order.
+    tiny = [[(0, 1)], *_scan_calls(4)[1:], [(9, 1)]]
+    order = plan.spread_order(tiny)
+    assert sorted(order) == [0, 1, 2, 3, 4] and order[-2:] == [0, 4]
+    assert plan.spread_order([[], []]) == []
+
+
+def test_stream_plan_spreads_the_target_and_only_adds_calls_as_it_grows() -> None:
+    calls = _scan_calls(16)
+    assert _plan(calls, 0) == [[] for _ in calls]
+    half = [bool(p) for p in _plan(calls, 800 * MiB)]
+    assert sum(half) == 8 and not half[0]  # the first call never waits for its copy
+    assert all(half[i : i + 3] != [True] * 3 for i in range(14))  # spread, not bunched
+    assert _plan(calls, 10**12) == [[0]] * 16
+    before: set[int] = set()
+    for target in range(0, 1700 * MiB, 50 * MiB):  # nested: a call never changes sides back
+        now = {i for i, p in enumerate(_plan(calls, target)) if p}
+        assert before <= now
+        before = now
+    # A call larger than the buffers is never streamed.
+    big = [*_scan_calls(3), [(5, 900 * MiB)]]
+    assert _plan(big, 10**12, largest=500 * MiB)[3] == []
+
+
+def test_stream_plan_keeps_a_storage_that_several_calls_read() -> None:
+    # A tied embedding: the first call and the last read storage 0; a block applied
+    # twice: calls 3 and 4 read storage 7.
+    calls = [[(0, 200 * MiB)], *_scan_calls(3)[1:], [(7, 100 * MiB)], [(7, 100 * MiB)],
+             [(0, 200 * MiB), (9, 1 * MiB)]]  # fmt: skip
+    picked = _plan(calls, 10**12)
+    assert picked == [[], [0], [0], [], [], [1]]
+    assert plan.unique_bytes(calls) == 501 * MiB
+
+
+def test_stream_target_grows_by_evictions_and_never_shrinks_back_into_them() -> None:
+    t = plan.StreamTarget(margin=400)
+    assert t.start(evicted=1500, total=4000) == 1500
+    assert t.update(evicted=300, discarded=0, low_room=0, total=4000) == 1800  # grow
+    assert t.update(evicted=0, discarded=50, low_room=5000, total=4000) == 1800  # discards
+    assert t.update(evicted=0, discarded=0, low_room=700, total=4000) == 1800  # < 2 margins
+    # Clean, much room: shrink by half the spare room, but not below floor + margin.
+    assert t.update(evicted=0, discarded=0, low_room=1400, total=4000) == 1800
+    assert t.floor == 1500
+    t.bytes = 3000
+    assert t.update(evicted=0, discarded=0, low_room=1400, total=4000) == 2500
+    assert t.update(evicted=0, discarded=0, low_room=10**9, total=4000) == 1900
+    assert t.update(evicted=10**9, discarded=0, low_room=0, total=4000) == 4000  # the total
+    assert t.start(evicted=0, total=4000) == 0 and t.floor == 0  # a record that fits
+
+
+def test_streaming_a_simulated_scan_settles_without_evictions() -> None:
+    """A device of ``budget`` bytes runs forwards over ``layers`` weights plus an
+    activation peak; the streamed suffix is read by copy through ``lookahead`` bytes of
+    buffers, the rest stays. The target must settle where the forward evicts nothing
+    and most of the room the buffers leave is used."""
+    per, layers, peak, lookahead, margin = 100 * MiB, 24, 300 * MiB, 256 * MiB, 128 * MiB
+    budget = 2048 * MiB
+    calls = _scan_calls(layers, per)
+    total = plan.unique_bytes(calls)
+
+    def forward(target: int) -> tuple[int, int]:
+        streamed = sum(per for p in _plan(calls, target) if p)
+        need = total - streamed + peak + min(lookahead, streamed)
+        return max(0, need - budget), max(0, budget - need)  # (evicted, low room)
+
+    t = plan.StreamTarget(margin=margin)
+    t.start(evicted=forward(0)[0], total=total)
+    history = []
+    for _ in range(12):
+        evicted, room = forward(t.bytes)
+        history.append(evicted)
+        t.update(evicted, 0, room, total)
+    assert history[-4:] == [0, 0, 0, 0]
+    _, room = forward(t.bytes)
+    assert room <= 2 * margin + per  # not streaming far more than it must
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_stream_plan_copies_only_storages_one_call_reads(seed: int) -> None:
+    rng = random.Random(seed)
+    keys = list(range(12))
+    calls = [
+        [(k, (k + 1) * MiB) for k in rng.sample(keys, rng.randint(0, 3))]
+        for _ in range(rng.randint(1, 15))
+    ]
+    target = rng.randint(0, 80) * MiB
+    picked = _plan(calls, target)
+    readers: dict[int, int] = {}
+    for call in calls:
+        for key, _ in call:
+            readers[key] = readers.get(key, 0) + 1
+    copied_bytes = 0
+    for call, p in zip(calls, picked, strict=True):
+        copied = {call[k][0] for k in p}
+        assert all(readers[key] == 1 for key in copied)
+        if p:  # a call taken copies every storage it alone reads
+            assert copied == {key for key, _ in call if readers[key] == 1}
+        copied_bytes += sum(call[k][1] for k in p)
+    # Never past the target by more than one call's bytes; short of it only when every
+    # call with storages of its own is taken.
+    assert copied_bytes <= target + max((sum(n for _, n in c) for c in calls), default=0)
+    assert copied_bytes >= target or picked == _plan(calls, 10**15)

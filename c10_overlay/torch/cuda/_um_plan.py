@@ -1,9 +1,10 @@
 """Decisions of the saved-activation offload (Note [Saved-activation offload] in
-``torch/cuda/_um_predict.py``) and of the optimizer state staging (Note [Optimizer
-state staging] in ``torch/cuda/_um_optim.py``), kept apart from the CUDA work so that
-they can be tested on traces without a GPU: pure Python, no torch import.
+``torch/cuda/_um_predict.py``), of the optimizer state staging (Note [Optimizer
+state staging] in ``torch/cuda/_um_optim.py``) and of the weight streaming (Note
+[Weight streaming] in ``torch/cuda/_um_weights.py``), kept apart from the CUDA work so
+that they can be tested on traces without a GPU: pure Python, no torch import.
 
-Four small parts, one job each:
+Six small parts, one job each:
 
 - :class:`OffloadTarget` learns, one forward at a time, how many bytes of saved
   activations must leave the device so that the forward stays under the budget;
@@ -13,13 +14,19 @@ Four small parts, one job each:
   saving, as far ahead of their use as the lookahead and the free room allow, and
   widens the lookahead when a use finds its bytes not yet there;
 - :func:`state_chunks` cuts an optimizer's parameters into runs whose state fits the
-  room one staged chunk may take.
+  room one staged chunk may take;
+- :class:`StreamTarget` learns, one forward without autograd at a time, how many bytes
+  of parameters must be read by copy so that the forward stays under the budget;
+- :func:`spread_order` and :func:`stream_plan` pick, spread over a recorded order of
+  module calls, the parameters those bytes are.
 
-Not thread-safe: the caller (``_um_predict.Offloader``) holds its lock around every call.
+Not thread-safe: each caller (``Offloader``, ``Stager``, ``Streamer``) holds its lock
+around every call.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -171,3 +178,142 @@ def state_chunks(sizes: list[int], limit: int) -> list[list[int]]:
     if run:
         runs.append(run)
     return runs
+
+
+@dataclass
+class StreamTarget:
+    """Bytes of parameters the next forward without autograd reads by copy.
+
+    After each forward that followed its record: live bytes the engine evicted during it
+    (past those the streamer sent to host RAM itself) mean too few bytes were streamed;
+    the target grows by them, and never again shrinks to where it was. A forward without
+    evictions, in which the engine did not discard dead blocks to make room either,
+    shrinks it by half the least free room seen at a call past ``margin``, down to that
+    floor plus the margin: room seen at calls counts dead blocks as free, though the
+    allocator will reuse them. Measured on the H200 (bench/README.md, prediction step
+    14): a target that followed that room down into evictions made the forward slower
+    (0.055 s to 0.075 s). A new record starts from the evictions of the forward that
+    made it: the plain policy's overflow. Never more than ``total``, the streamable
+    bytes of the record.
+    """
+
+    margin: int
+    bytes: int = 0
+    floor: int = 0  # the largest target that still saw evictions
+    forwards: int = 0
+
+    def start(self, evicted: int, total: int) -> int:
+        self.forwards = 0
+        self.floor = 0
+        self.bytes = max(0, min(evicted, total))
+        return self.bytes
+
+    def update(self, evicted: int, discarded: int, low_room: int, total: int) -> int:
+        self.forwards += 1
+        if evicted > 0:
+            self.floor = max(self.floor, self.bytes)
+            target = self.bytes + evicted
+        elif discarded == 0 and low_room > 2 * self.margin:
+            shrunk = self.bytes - (low_room - self.margin) // 2
+            target = max(shrunk, min(self.bytes, self.floor + self.margin))
+        else:
+            target = self.bytes
+        self.bytes = max(0, min(target, total))
+        return self.bytes
+
+
+def spread_order(calls: list[list[tuple[int, int]]]) -> list[int]:
+    """The recorded calls in the order they are streamed as the target grows: every
+    prefix of it is spread evenly over the forward's bytes, so that a larger target adds
+    calls and never trades one for another (a call that changes sides costs a move).
+
+    ``calls``: per module call, in the order of the forward, its streamable parameters as
+    (storage key, bytes); only storages that one call alone reads count (see
+    :func:`stream_plan`). The calls are taken at the bytes the van der Corput points
+    1/2, 1/4, 3/4, 1/8, ... of the forward fall in: the middle first, never the first
+    call early, and the calls too small to be hit (biases, norms) last, in forward
+    order."""
+    own = _own_bytes(calls)
+    total = sum(own)
+    ends: list[int] = []
+    for n in own:
+        ends.append((ends[-1] if ends else 0) + n)
+    order: list[int] = []
+    taken = [False] * len(calls)
+    wanted = sum(1 for n in own if n > 0)
+    k = 1
+    while len(order) < wanted and k < 8 * len(calls):
+        x, f, j = 0.0, 0.5, k
+        while j:
+            x += f * (j & 1)
+            j >>= 1
+            f /= 2
+        i = bisect.bisect_right(ends, x * total)
+        if i < len(calls) and own[i] > 0 and not taken[i]:
+            taken[i] = True
+            order.append(i)
+        k += 1
+    order.extend(i for i in range(len(calls)) if own[i] > 0 and not taken[i])
+    return order
+
+
+def stream_plan(
+    calls: list[list[tuple[int, int]]], target: int, order: list[int], largest: int
+) -> list[list[int]]:
+    """Which parameters each recorded module call reads by copy.
+
+    ``calls`` as for :func:`spread_order`, ``order`` its result. Calls are taken in
+    that order, skipping those whose own bytes exceed ``largest`` (what the copy buffers
+    hold), until their bytes reach ``target``. The link then works through the whole
+    forward, each copy under the compute of the calls before it, with a lookahead of a
+    few calls; a suffix of the forward would leave the link idle until the suffix and
+    then hold the compute back. A storage that several calls read stays on the device
+    and is read in place (a tied input embedding and output layer, a block applied
+    twice): its copy would serve one call, or the calls would need it kept. Returns,
+    per call, the indices into its list of the parameters it reads by copy (empty for
+    the calls that read all theirs in place)."""
+    out: list[list[int]] = [[] for _ in calls]
+    if target <= 0:
+        return out
+    own = _own_bytes(calls)
+    chosen = [False] * len(calls)
+    streamed = 0
+    for i in order:
+        if streamed >= target:
+            break
+        if own[i] <= largest:
+            chosen[i] = True
+            streamed += own[i]
+    readers = _readers(calls)
+    for i, call in enumerate(calls):
+        if chosen[i]:
+            out[i] = [k for k, (key, _) in enumerate(call) if len(readers[key]) == 1]
+    return out
+
+
+def _readers(calls: list[list[tuple[int, int]]]) -> dict[int, set[int]]:
+    out: dict[int, set[int]] = {}
+    for i, call in enumerate(calls):
+        for key, _ in call:
+            out.setdefault(key, set()).add(i)
+    return out
+
+
+def _own_bytes(calls: list[list[tuple[int, int]]]) -> list[int]:
+    """Per call, the bytes of the storages no other call reads (each once)."""
+    readers = _readers(calls)
+    own = [0] * len(calls)
+    for i, call in enumerate(calls):
+        for key, nbytes in dict(call).items():
+            if len(readers[key]) == 1:
+                own[i] += nbytes
+    return own
+
+
+def unique_bytes(calls: list[list[tuple[int, int]]]) -> int:
+    """Bytes of the distinct storages the calls read."""
+    seen: dict[int, int] = {}
+    for call in calls:
+        for key, nbytes in call:
+            seen[key] = nbytes
+    return sum(seen.values())

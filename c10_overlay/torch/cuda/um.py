@@ -882,7 +882,9 @@ def move_(obj: TensorsLike, device: DeviceLike = "cuda", *, copy: bool = True) -
 # managed is ignored. A watcher thread, started when CUDA initialises, polls
 # torch_um_under_pressure() ten times a second: the hooks are installed while
 # the managed bytes of some device exceed 90 % of its budget and removed when
-# none do, so that a job that fits never pays for them.
+# none do, so that a job that fits never pays for them. With predict:True, the
+# parameters a forward without autograd reads by copy (Note [Weight streaming],
+# torch/cuda/_um_weights.py) are not touched: their call reads device buffers.
 
 _hooks_installed = False
 _hook_handles: list[object] = []
@@ -909,8 +911,11 @@ _TOUCH_READ_ONLY = 1  # TORCH_UM_TOUCH_READ_ONLY
 def _touch(ranges: list[tuple[int, int, int]], flags: int = 0) -> None:
     if _lib is None:
         return
+    streams: dict[int, int] = {}  # a Stream object costs microseconds: one per device
     for ptr, size, dev in ranges:
-        stream = torch.cuda.current_stream(dev).cuda_stream
+        stream = streams.get(dev)
+        if stream is None:
+            stream = streams[dev] = torch.cuda.current_stream(dev).cuda_stream
         _lib.torch_um_touch(ctypes.c_void_p(ptr), size, dev, ctypes.c_void_p(stream), flags)
 
 
@@ -929,6 +934,9 @@ def _pre_forward(module: Module, args: object) -> None:
     # a write-back (Note [Read-only duplicates] in Residency.h). Buffers may be
     # updated in place (batch-norm statistics), so they are touched as usual.
     params = list(module._parameters.values())
+    if _streamer is not None and params:
+        # Parameters read by copy in this call (Note [Weight streaming]) are not used.
+        params = [p for p in params if p is None or not _streamer.swapped_in(p)]
     if params:
         _touch(_ranges_of(params), _TOUCH_READ_ONLY)
     buffers = list(module._buffers.values())
@@ -976,9 +984,16 @@ def _install_hooks() -> None:
 def _register_hooks() -> None:
     from torch.nn.modules import module as nn_module
 
+    offloader = _predictor()
+    if offloader is not None:
+        # Before the use signal, which then leaves the parameters it swapped alone.
+        streamer = _weight_streamer()
+        _hook_handles.append(nn_module.register_module_forward_pre_hook(streamer.enter))
+        _hook_handles.append(
+            nn_module.register_module_forward_hook(streamer.exit, always_call=True)
+        )
     _hook_handles.append(nn_module.register_module_forward_pre_hook(_pre_forward))
     _hook_handles.append(nn_module.register_module_forward_hook(_post_forward))
-    offloader = _predictor()
     if offloader is not None:
         offloader.active = True
         _hook_handles.append(nn_module.register_module_forward_pre_hook(offloader.enter))
@@ -994,6 +1009,9 @@ def _remove_hooks() -> None:
         _offloader.active = False
     if _stager is not None:
         _stager.active = False
+    if _streamer is not None:
+        _streamer.active = False
+        _streamer.release()
     while _hook_handles:
         handle = _hook_handles.pop()
         handle.remove()  # type: ignore[attr-defined]
@@ -1058,6 +1076,39 @@ def _optimizer_stager(room: Any) -> Any:
     return _stager
 
 
+_streamer: Any = None
+
+
+def _send_to_host(tensors: list[torch.Tensor]) -> None:
+    prefetch(tensors, HOST)
+
+
+def _stream_counters(index: int) -> tuple[int, int, int]:
+    """(bytes evicted from device ``index`` so far, bytes discarded so far, free room
+    under its budget), for the weight streaming's target."""
+    s = _raw_stats(index)
+    if s is None:
+        return 0, 0, 0
+    room = s.device_budget_bytes + s.dead_device_bytes - s.device_placed_bytes
+    return int(s.evict_bytes), int(s.discard_bytes), max(0, int(room))
+
+
+def _weight_streamer() -> Any:
+    """The process's weight streamer (Note [Weight streaming], torch/cuda/_um_weights.py),
+    made on first use."""
+    global _streamer
+    lookahead = int(get_config().get("predict_lookahead", 1 << 30))
+    if _streamer is None:
+        from torch.cuda import _um_weights
+
+        s = _raw_stats(_device_index(None, allow_host=False))
+        budget = int(s.device_budget_bytes) if s is not None else 0
+        _streamer = _um_weights.Streamer(_stream_counters, _send_to_host, budget, lookahead)
+    _streamer.max_lookahead = lookahead
+    _streamer.active = True
+    return _streamer
+
+
 def predict_stats() -> dict[str, int]:
     """Counters of the saved-activation offload (``predict:True``), empty before its
     first use: ``predict.forwards`` (forwards run under it), ``predict.target_bytes``
@@ -1078,10 +1129,26 @@ def predict_stats() -> dict[str, int]:
     bytes staged), ``predict.optimizer_skipped`` (steps past the budget that ran as
     usual: an optimizer it does not stage, see the Note) and
     ``predict.optimizer_no_room`` (steps that ran as usual for want of free room under
-    the budget to stage into)."""
+    the budget to stage into); and of the weight streaming (Note [Weight streaming],
+    torch/cuda/_um_weights.py): ``predict.stream_forwards`` (forwards without autograd
+    under it), ``predict.stream_records`` (orders of module calls recorded: the first
+    forward of a model, and each departure), ``predict.stream_departures`` (forwards
+    that left their record), ``predict.stream_target_bytes`` (parameter bytes the next
+    forward reads by copy), ``predict.stream_streamed_bytes`` /
+    ``predict.stream_streamed_params`` (read by copy so far),
+    ``predict.stream_sent_bytes`` (parameters sent to host RAM to be read by copy;
+    ``predict.stream_send_failures``: sends the engine refused, the copies then read
+    the parameters where they are),
+    ``predict.stream_unused_bytes`` (copied, then not used: the forward departed),
+    ``predict.stream_stale`` (copies not used: the parameter changed after its copy),
+    ``predict.stream_write_backs`` (parameters a call wrote in place, copied back) and
+    ``predict.stream_pressured`` (forwards in which the engine still evicted to make
+    room: the target grew)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())
+    if _streamer is not None:
+        out.update(_streamer.counters())
     return out
 
 

@@ -1,0 +1,608 @@
+"""Parameters past the budget are read by copy in forwards without autograd.
+
+Note [Weight streaming]
+Inference reads every weight once per forward, layer after layer: a cyclic scan. Past
+the budget, the residency policy keeps a prefix of the scan on the device (Note [Scans],
+Residency.h) and migrates the rest in and out in every forward. The way out is a
+prefetch to the CPU at 3-17 GB/s, and kernel launches stall while the evictor issues
+it: a 1.28 B model's forward takes 0.13 s at a 2 GiB budget on the H200 host, where its
+compute takes 0.024 s and the bytes past the budget cross the link in about 0.02 s
+(bench/README.md, prediction steps 8 and 9). Read in place by the GEMMs, those bytes cost
+more still (3 GB/s, step 9). A copy engine reads managed memory in host RAM at
+51-52 GB/s (bench/stage_routes_probe.py), and a weight that is only read needs no way
+back: that is what the offload tools do (accelerate's hooks copy a layer's weights in
+just before it runs).
+
+So, with ``predict:True`` and while the module hooks are on (Note [Use signals], um.py),
+in a forward without autograd (``no_grad``, ``inference_mode``):
+
+- the outermost forward records its calls of modules with streamable parameters (below),
+  in order, keyed by the outermost module. The first forward of a record streams
+  nothing: it runs under the plain policy, and the bytes the engine evicts during it are
+  the first target (``_um_plan.StreamTarget``);
+- a forward that repeats the record streams the parameters of calls spread evenly over
+  it, as many bytes as the target (``_um_plan.spread_order``, ``stream_plan``: a larger
+  target adds calls, never trades one for another). Parameters newly streamed are sent
+  to host RAM through the engine (its ledger follows) and are not touched again. Each
+  forward copies them, on a side stream, into a ring of device memory (an eighth of the
+  budget, at most ``predict_lookahead``), as far ahead of their call as the ring has
+  room. At the call's pre-hook the compute stream waits for the copy and the parameters'
+  ``.data`` point into the ring; the call's forward hook points them back and gives its
+  part of the ring to the copies after it. Spread, because the link then works through
+  the whole forward, each copy under the compute of the calls before it. One ring, kept
+  while the hooks are on, and not buffers from the allocator: buffers freed and taken
+  again every call made the engine discard and place again 1.8-7.6 GB of dead blocks a
+  forward (bench/README.md, prediction step 14). A storage that several calls
+  read (tied input and output embeddings) stays on the device;
+- after each such forward the target grows by the live bytes the engine still evicted
+  (past those the streamer sent out itself), and shrinks, never back to where it saw
+  evictions, by half the least free room seen at a call past a margin (a sixteenth of
+  the budget) when the engine neither evicted nor discarded;
+- a forward that departs from its record (other modules, another order, a parameter
+  replaced) streams nothing from the departure on: the calls after it read their
+  parameters where they are, under the plain policy, and the forward becomes the new
+  record. A new batch size or sequence length does not change the record.
+
+Correctness does not rest on the prediction. A copy is used only if the parameter still
+has the storage and the version it was copied from. A call that writes a streamed
+parameter in place (its version moves: a forward pre-hook of the program's that updates
+it) gets its part of the ring copied back over the parameter. A part of the ring is
+copied into again only after the call that read it has been queued on the compute stream
+(the copy stream waits for the compute stream before each copy), and a copy left unused
+is waited for by the compute stream before its part of the ring is reused. Outside the
+call, every reader sees the parameter's own storage.
+
+Where the forward's time goes (bench/README.md, step 14: 0.058-0.070 s a forward for
+the model above, about 1.4 GB streamed, against 0.024 s in memory and accelerate's
+0.11-0.15 s): the compute stream is busy 0.026 s, and the rest is the host. Waiting for
+all the compute stream's work at each copy holds the copy back until the device reaches
+the call that issued it (the host runs ahead), so copies and compute partly take turns:
+0.017 s of device waits. Waiting only for the calls that read the ring's part before
+(events) removed those waits, and the host's hooks then took as long (the forward did
+not get faster), so the simpler order stays. The next cost to cut is the hooks' own: some
+320 module calls a forward, each through three global pre-hooks and three forward hooks.
+
+Thread safety: the hooks may run on any thread; each thread's forward is its own, and
+the records, targets and counters are under a lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch.cuda import _um_plan as plan
+
+MIN_LOOKAHEAD = 32 << 20
+ALIGN = 512  # bytes: where each parameter's part of the ring starts
+ROOM_EVERY = 4  # streamed calls per sample of the free room
+MAX_RECORDS = 8  # outermost modules with a record kept; the oldest goes first
+
+# (module, qualified name) of module types whose forward only reads its parameters.
+READ_ONLY = frozenset(
+    {
+        ("torch.nn.modules.linear", "Linear"),
+        ("torch.nn.modules.linear", "Bilinear"),
+        ("torch.nn.modules.sparse", "Embedding"),
+        ("torch.nn.modules.normalization", "LayerNorm"),
+        ("torch.nn.modules.normalization", "RMSNorm"),
+        ("torch.nn.modules.normalization", "GroupNorm"),
+        ("torch.nn.modules.conv", "Conv1d"),
+        ("torch.nn.modules.conv", "Conv2d"),
+        ("torch.nn.modules.conv", "Conv3d"),
+        ("transformers.pytorch_utils", "Conv1D"),
+    }
+)
+
+# device -> (bytes evicted so far, bytes discarded so far, free room under the budget)
+Counters = Callable[[int], "tuple[int, int, int]"]
+SendToHost = Callable[[list[torch.Tensor]], None]
+
+
+_read_only: dict[type, bool] = {}  # the classes seen, so that a call costs one lookup
+
+
+def _streamable(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    cls = type(module)
+    known = _read_only.get(cls)
+    if known is None:
+        known = _read_only[cls] = (cls.__module__, cls.__qualname__) in READ_ONLY
+    if not known:
+        return []
+    if getattr(module, "max_norm", None) is not None:
+        return []  # Embedding(max_norm=...) renormalises the rows it reads, in place
+    out = []
+    for name, p in module._parameters.items():
+        if (
+            type(p) is torch.nn.Parameter
+            and p.is_cuda
+            and p.is_contiguous()
+            and p.storage_offset() == 0
+            and p.untyped_storage().nbytes() == p.nbytes
+        ):
+            out.append((name, p))
+    return out
+
+
+class _Call:
+    """One recorded module call: the module (weakly) and its streamable parameters."""
+
+    __slots__ = ("keys", "module", "names")
+
+    def __init__(self, module: torch.nn.Module, params: list[tuple[str, torch.Tensor]]) -> None:
+        self.module = weakref.ref(module)
+        self.names = tuple(n for n, _ in params)
+        self.keys = tuple((p.untyped_storage().data_ptr(), p.nbytes) for _, p in params)
+
+    def same(self, other: _Call) -> bool:
+        return (
+            self.module() is not None
+            and self.module() is other.module()
+            and self.names == other.names
+            and self.keys == other.keys
+        )
+
+
+class _Record:
+    """The calls of one outermost module's forward, and what its forwards stream."""
+
+    def __init__(self, root: torch.nn.Module, calls: list[_Call], target: plan.StreamTarget):
+        self.root = weakref.ref(root)
+        self.calls = calls
+        self.sizes = [list(c.keys) for c in calls]
+        self.order = plan.spread_order(self.sizes)
+        self.total = plan.unique_bytes(self.sizes)
+        self.target = target
+        self.streamed: set[int] = set()  # storage keys sent to host RAM
+        self._plan: tuple[int, int, list[list[int]]] | None = None
+
+    def plan(self, largest: int) -> list[list[int]]:
+        """The calls' streamed parameters at the current target (kept until it moves)."""
+        key = (self.target.bytes, largest)
+        if self._plan is None or self._plan[:2] != key:
+            picked = plan.stream_plan(self.sizes, self.target.bytes, self.order, largest)
+            self._plan = (*key, picked)
+        return self._plan[2]
+
+
+class _Ring:
+    """Device memory the copies go into, handed out first in, first out: each call's
+    parameters take the next part, and give it back once the call has been queued.
+    Not thread-safe: one forward uses it at a time (Streamer takes it for the forward)."""
+
+    def __init__(self, nbytes: int, device: int) -> None:
+        with torch.inference_mode(False):  # parameters' .data may point into it
+            self.memory = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+        self.size = nbytes
+        self.held: collections.deque[tuple[int, int]] = collections.deque()  # (start, end)
+        self.head = 0  # where the next part starts
+
+    def take(self, nbytes: int) -> int | None:
+        """The start of a free part of ``nbytes``, or None while the parts held are in
+        the way (or it can never fit)."""
+        n = -(-nbytes // ALIGN) * ALIGN
+        if n > self.size:
+            return None
+        if not self.held:
+            self.head = 0
+        tail = self.held[0][0] if self.held else 0
+        wrapped = bool(self.held) and self.head <= tail
+        if not wrapped and self.head + n <= self.size:
+            start = self.head
+        elif not wrapped and n <= tail:
+            start = 0  # wrap around
+        elif wrapped and self.head + n <= tail:
+            start = self.head
+        else:
+            return None
+        self.held.append((start, start + n))
+        self.head = start + n
+        return start
+
+    def give_back(self, span: tuple[int, int]) -> None:
+        """``span``, a part held, is free again (the parts go back in the order they
+        were taken, but for a forward cut short)."""
+        self.held.remove(span)
+
+    def view(self, start: int, like: torch.Tensor) -> torch.Tensor:
+        """A tensor shaped like ``like`` over the ring from ``start``: a normal tensor,
+        also in inference mode, so that a write through the parameter moves its version
+        (Note [Weight streaming])."""
+        with torch.inference_mode(False):
+            raw = self.memory[start : start + like.nbytes]
+            return raw.view(like.dtype).view(like.shape)
+
+
+class _Copy:
+    """The copies issued for one call: per parameter, name, the parameter, its version
+    when copied, and its view of the ring; the ring's part and the event after them."""
+
+    __slots__ = ("done", "params", "span")
+
+    def __init__(
+        self, params: list[tuple[str, torch.Tensor, int, torch.Tensor]], span: tuple[int, int]
+    ) -> None:
+        self.params = params
+        self.span = span
+        self.done = torch.cuda.Event()
+
+
+class _Pass:
+    """The outermost forward under way on one thread."""
+
+    def __init__(
+        self,
+        root: torch.nn.Module,
+        record: _Record | None,
+        plan_: list[list[int]],
+        ring: _Ring | None,
+        device: int,
+        counters: tuple[int, int, int],
+    ) -> None:
+        self.root = root
+        self.record = record
+        self.plan = plan_
+        self.ring = ring
+        self.device = device
+        self.evicted, self.discarded, _ = counters  # the engine's, at the start
+        self.sent = 0  # bytes the streamer sent to host RAM itself
+        self.following = record is not None
+        self.generation = 0
+        self.calls: list[_Call] = []
+        self.issued: dict[int, _Copy] = {}
+        self.next_issue = 0
+        self.low_room: int | None = None
+        self.streamed_calls = 0
+        # id(module) -> stack of (the call's copy, its swaps: parameter, original data,
+        # view of the ring, version after the swap)
+        self.swapped: dict[
+            int, list[tuple[_Copy, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]]]
+        ] = {}
+        self.buffers: set[int] = set()  # data pointers swapped in now
+
+
+class Streamer:
+    """The hooks of Note [Weight streaming]; one per process (um.py owns it)."""
+
+    def __init__(
+        self,
+        counters: Counters,
+        send_to_host: SendToHost,
+        budget: int,
+        max_lookahead: int,
+    ) -> None:
+        self._counters = counters
+        self._send = send_to_host
+        self._lock = threading.Lock()
+        self._tls = threading.local()
+        self._streams: dict[int, torch.cuda.Stream] = {}
+        self._records: dict[int, _Record] = {}  # id(root) -> record
+        self._rings: dict[int, _Ring] = {}  # device -> its ring, while no forward has it
+        self._generation = 0  # release() calls so far
+        self.margin = max(16 << 20, budget // 16)
+        self.max_lookahead = max_lookahead
+        self.budget = budget
+        self.active = True
+        self.stats = dict.fromkeys(
+            (
+                "forwards",
+                "records",
+                "departures",
+                "streamed_bytes",
+                "streamed_params",
+                "sent_bytes",
+                "send_failures",
+                "unused_bytes",
+                "stale",
+                "write_backs",
+                "pressured",
+                "target_bytes",
+            ),
+            0,
+        )
+
+    # ---- module hooks ------------------------------------------------------------------
+
+    def enter(self, module: torch.nn.Module, args: object) -> None:
+        st = self._tls
+        depth = getattr(st, "depth", 0)
+        st.depth = depth + 1
+        if depth == 0:
+            st.run = self._begin(module) if self.active else None
+            return
+        run: _Pass | None = getattr(st, "run", None)
+        if run is not None:
+            self._call(run, module)
+
+    def exit(self, module: torch.nn.Module, args: object, output: object) -> None:
+        st = self._tls
+        depth = getattr(st, "depth", 0)
+        if depth == 0:
+            return  # installed while this forward was under way
+        st.depth = depth - 1
+        run: _Pass | None = getattr(st, "run", None)
+        if run is None:
+            return
+        self._restore(run, module)
+        if depth == 1:
+            st.run = None
+            self._end(run)
+
+    def swapped_in(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` reads the ring: this thread's forward copied it in (um.py's use
+        signal then leaves it alone: it is on the device already)."""
+        run: _Pass | None = getattr(self._tls, "run", None)
+        return run is not None and t.data_ptr() in run.buffers
+
+    def release(self) -> None:
+        """Give the rings back to the allocator (the hooks are off: nothing streams); a
+        forward under way keeps its own until it ends, then drops it."""
+        with self._lock:
+            self._rings.clear()
+            self._generation += 1
+
+    # ---- one forward -------------------------------------------------------------------
+
+    def _ring_size(self) -> int:
+        return min(self.max_lookahead, max(MIN_LOOKAHEAD, self.budget // 8))
+
+    def _begin(self, root: torch.nn.Module) -> _Pass | None:
+        if (
+            torch.is_grad_enabled()
+            or torch.cuda.is_current_stream_capturing()
+            or torch.compiler.is_compiling()
+        ):
+            return None
+        device = next((p.device.index or 0 for p in root.parameters() if p.is_cuda), None)
+        if device is None:
+            return None
+        counters = self._counters(device)
+        ring: _Ring | None = None
+        calls_plan: list[list[int]] = []
+        with self._lock:
+            record = self._records.pop(id(root), None)
+            if record is not None and record.root() is root:
+                self._records[id(root)] = record  # the most recently used goes last
+            else:
+                record = None
+            generation = self._generation
+            if record is not None and record.target.bytes > 0:
+                # Taken for this forward (another thread's at the same time makes its own).
+                ring = self._rings.pop(device, None)
+                if ring is None or ring.size != self._ring_size():
+                    ring = _Ring(self._ring_size(), device)
+                calls_plan = record.plan(ring.size)
+        run = _Pass(root, record, calls_plan, ring, device, counters)
+        run.generation = generation
+        if ring is not None:
+            self._send_new(run)
+        self._call(run, root)
+        return run
+    def _send_new(self, run: _Pass) -> None:
+        """Send the parameters newly streamed to host RAM, once."""
+        assert run.record is not None
+        fresh: list[torch.Tensor] = []
+        keys: set[int] = set()
+        for call, picked in zip(run.record.calls, run.plan, strict=True):
+            module = call.module()
+            if module is None or not picked:
+                continue
+            for k in picked:
+                key = call.keys[k][0]
+                p = module._parameters.get(call.names[k])
+                if p is None or key in run.record.streamed or key in keys:
+                    continue
+                keys.add(key)
+                fresh.append(p)
+        if not fresh:
+            return
+        before = self._counters(run.device)[0]
+        try:
+            self._send(fresh)
+        except RuntimeError:
+            # The copies read the parameters wherever they are; the engine moves them
+            # under its plain policy, and the target then grows by its evictions.
+            with self._lock:
+                self.stats["send_failures"] += 1
+            return
+        after = self._counters(run.device)[0]
+        run.sent += max(0, after - before)
+        run.record.streamed |= keys
+        with self._lock:
+            self.stats["sent_bytes"] += max(0, after - before)
+
+    def _call(self, run: _Pass, module: torch.nn.Module) -> None:
+        params = _streamable(module)
+        if not params:
+            return
+        call = _Call(module, params)
+        i = len(run.calls)
+        run.calls.append(call)
+        if not run.following:
+            return
+        assert run.record is not None
+        if i >= len(run.record.calls) or not run.record.calls[i].same(call):
+            self._depart(run)
+            return
+        if run.ring is None:
+            return
+        self._issue(run, i)
+        copy = run.issued.pop(i, None)
+        if copy is None:
+            return
+        compute = torch.cuda.current_stream(run.device)
+        compute.wait_event(copy.done)
+        swaps = []
+        for name, p, version, buf in copy.params:
+            if module._parameters.get(name) is not p or p._version != version:
+                with self._lock:
+                    self.stats["stale"] += 1
+                continue
+            original = p.data
+            try:
+                p.data = buf
+            except RuntimeError:  # a tensor type .data cannot point elsewhere: read in place
+                with self._lock:
+                    self.stats["stale"] += 1
+                continue
+            swaps.append((p, original, buf, p._version))
+            run.buffers.add(buf.data_ptr())
+        # Given back by the forward hook, once the call is queued (or now: nothing swapped).
+        run.swapped.setdefault(id(module), []).append((copy, swaps))
+        if swaps:
+            with self._lock:
+                self.stats["streamed_bytes"] += sum(b.nbytes for _, _, b, _ in swaps)
+                self.stats["streamed_params"] += len(swaps)
+        run.streamed_calls += 1
+        if run.streamed_calls % ROOM_EVERY == 1:  # a stats call each: not every call
+            room = self._counters(run.device)[2]
+            run.low_room = room if run.low_room is None else min(run.low_room, room)
+
+    def _issue(self, run: _Pass, upto: int) -> None:
+        """Copy in the parameters of the calls from ``upto`` on, in order, while the ring
+        has room for them."""
+        assert run.record is not None and run.ring is not None
+        run.next_issue = max(run.next_issue, upto)
+        compute = torch.cuda.current_stream(run.device)
+        while run.next_issue < len(run.plan):
+            j = run.next_issue
+            picked = run.plan[j]
+            call = run.record.calls[j]
+            module = call.module()
+            if not picked or module is None:
+                run.next_issue += 1
+                continue
+            params = [module._parameters.get(call.names[k]) for k in picked]
+            if any(
+                p is None or p.untyped_storage().data_ptr() != call.keys[k][0]
+                for p, k in zip(params, picked, strict=True)
+            ):
+                run.next_issue += 1  # replaced since the record: read where it is
+                continue
+            sizes = [-(-p.nbytes // ALIGN) * ALIGN for p in params]  # type: ignore[union-attr]
+            start = run.ring.take(sum(sizes))
+            if start is None:
+                if run.ring.held:
+                    return  # the ring is full: the next call's hook goes on
+                run.next_issue += 1  # larger than the ring: read where it is
+                continue
+            run.next_issue += 1
+            views, at = [], start
+            for p, n in zip(params, sizes, strict=True):
+                views.append(run.ring.view(at, p))  # type: ignore[arg-type]
+                at += n
+            copy = _Copy(
+                [
+                    (call.names[k], p, p._version, v)  # type: ignore[union-attr]
+                    for k, p, v in zip(picked, params, views, strict=True)
+                ],
+                (start, start + sum(sizes)),
+            )
+            side = self._side_stream(run.device)
+            # After the calls that read this part of the ring before, and after every
+            # write to the parameters queued so far (Note [Weight streaming]).
+            side.wait_stream(compute)
+            with torch.cuda.stream(side):
+                torch._foreach_copy_(views, params)  # type: ignore[arg-type]
+                copy.done.record(side)
+            run.issued[j] = copy
+
+    def _restore(self, run: _Pass, module: torch.nn.Module) -> None:
+        stack = run.swapped.get(id(module))
+        if not stack:
+            return
+        copy, swaps = stack.pop()
+        if not stack:
+            del run.swapped[id(module)]
+        self._put_back(run, swaps, count=True)
+        assert run.ring is not None
+        run.ring.give_back(copy.span)
+
+    def _put_back(
+        self,
+        run: _Pass,
+        swaps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]],
+        count: bool,
+    ) -> None:
+        for p, original, buf, version in swaps:
+            if p._version != version:  # written in place during the call: keep the write
+                original.copy_(buf)
+                if count:
+                    with self._lock:
+                        self.stats["write_backs"] += 1
+            p.data = original
+            run.buffers.discard(buf.data_ptr())
+
+    def _depart(self, run: _Pass) -> None:
+        run.following = False
+        self._drop_unused(run)
+        with self._lock:
+            self.stats["departures"] += 1
+
+    def _drop_unused(self, run: _Pass) -> None:
+        if not run.issued:
+            return
+        assert run.ring is not None
+        compute = torch.cuda.current_stream(run.device)
+        for copy in run.issued.values():
+            compute.wait_event(copy.done)  # before its part of the ring is copied into again
+            run.ring.give_back(copy.span)
+            with self._lock:
+                self.stats["unused_bytes"] += copy.span[1] - copy.span[0]
+        run.issued.clear()
+
+    def _end(self, run: _Pass) -> None:
+        self._drop_unused(run)
+        for stack in run.swapped.values():  # calls whose forward hook never ran
+            for copy, swaps in stack:
+                self._put_back(run, swaps, count=True)
+                assert run.ring is not None
+                run.ring.give_back(copy.span)
+        run.swapped.clear()
+        if run.ring is not None:
+            with self._lock:
+                if run.generation == self._generation:
+                    self._rings[run.device] = run.ring
+        if not run.calls:
+            return  # nothing streamable (an activation module called on its own)
+        evicted_now, discarded_now, room = self._counters(run.device)
+        evicted = max(0, evicted_now - run.evicted - run.sent)
+        discarded = max(0, discarded_now - run.discarded)
+        low = room if run.low_room is None else min(run.low_room, room)
+        with self._lock:
+            self.stats["forwards"] += 1
+            record = run.record
+            repeated = (
+                record is not None and run.following and len(run.calls) == len(record.calls)
+            )
+            if repeated:
+                assert record is not None
+                record.target.update(evicted, discarded, low, record.total)
+                if evicted:
+                    self.stats["pressured"] += 1
+            else:
+                if record is not None and run.following:
+                    self.stats["departures"] += 1  # fewer calls than recorded
+                target = plan.StreamTarget(margin=self.margin)
+                record = _Record(run.root, run.calls, target)
+                target.start(evicted, record.total)
+                self._records.pop(id(run.root), None)
+                while len(self._records) >= MAX_RECORDS:
+                    self._records.pop(next(iter(self._records)))
+                self._records[id(run.root)] = record
+                self.stats["records"] += 1
+            self.stats["target_bytes"] = record.target.bytes
+
+    def _side_stream(self, device: int) -> torch.cuda.Stream:
+        with self._lock:
+            s = self._streams.get(device)
+            if s is None:
+                s = self._streams[device] = torch.cuda.Stream(device)
+            return s
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return {f"predict.stream_{k}": v for k, v in self.stats.items()}
