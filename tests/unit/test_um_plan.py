@@ -360,3 +360,108 @@ def test_stream_plan_copies_only_storages_one_call_reads(seed: int) -> None:
     # call with storages of its own is taken.
     assert copied_bytes <= target + max((sum(n for _, n in c) for c in calls), default=0)
     assert copied_bytes >= target or picked == _plan(calls, 10**15)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_ring_parts_never_overlap_and_go_back_in_any_order(seed: int) -> None:
+    rng = random.Random(seed)
+    ring = plan.RingParts(size=64 * 512, align=512)
+    held: list[tuple[int, int]] = []
+    taken = 0
+    for _ in range(400):
+        if held and (rng.random() < 0.45 or len(held) > 6):
+            # Oldest first, as the calls run; now and then a later one (a forward cut short).
+            span = held.pop(0 if rng.random() < 0.9 else rng.randrange(len(held)))
+            ring.give_back(span)
+            continue
+        nbytes = rng.randint(1, 20 * 512)
+        start = ring.take(nbytes)
+        if start is None:
+            assert held, "an empty ring refused a part that fits it"
+            continue
+        span = (start, start + -(-nbytes // 512) * 512)
+        assert start % 512 == 0 and 0 <= start and span[1] <= ring.size
+        assert all(span[1] <= lo or hi <= span[0] for lo, hi in held)
+        held.append(span)
+        taken += 1
+    assert taken > 100
+    assert ring.take(ring.size + 1) is None
+
+
+def test_ring_parts_wrap_around_in_order() -> None:
+    ring = plan.RingParts(size=4096, align=1024)
+    a, b, c = ring.take(1024), ring.take(2048), ring.take(1024)
+    assert (a, b, c) == (0, 1024, 3072)
+    assert ring.take(1) is None  # full
+    ring.give_back((0, 1024))
+    assert ring.take(1024) == 0  # wraps into the oldest part's room
+    assert ring.take(1024) is None
+    ring.give_back((1024, 3072))
+    assert ring.take(2048) == 1024
+
+
+_Hooks: Any = plan.OutermostForward  # loaded from its file: Any to mypy
+
+
+class _Recorder(_Hooks):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, str]] = []
+
+    def _begin(self, module: Any) -> list[Any] | None:
+        self.log.append(("begin", module))
+        return None if module == "skip" else [module]
+
+    def _inner(self, run: Any, module: Any) -> None:
+        self.log.append(("inner", module))
+
+    def _leave(self, run: Any, module: Any) -> None:
+        self.log.append(("leave", module))
+
+    def _end(self, run: Any) -> None:
+        self.log.append(("end", run[0]))
+
+
+def test_outermost_forward_follows_nesting_and_ignores_what_began_before_it() -> None:
+    h = _Recorder()
+    h.exit("late", None, None)  # installed while a forward was under way: ignored
+    h.enter("root", None)
+    h.enter("a", None)
+    assert h.current() == ["root"]
+    h.exit("a", None, None)
+    h.exit("root", None, None)
+    assert h.current() is None
+    assert h.log == [("begin", "root"), ("inner", "a"), ("leave", "a"), ("leave", "root"),
+                     ("end", "root")]  # fmt: skip
+    h.log.clear()
+    h.enter("skip", None)  # _begin returned None: nothing else is called
+    h.enter("a", None)
+    h.exit("a", None, None)
+    h.exit("skip", None, None)
+    assert h.log == [("begin", "skip")]
+    h.log.clear()
+    h.active = False
+    h.enter("root", None)
+    h.exit("root", None, None)
+    assert h.log == []
+
+
+def test_outermost_forward_keeps_each_threads_forward_apart() -> None:
+    import threading
+
+    h = _Recorder()
+    h.enter("main", None)
+    seen: list[Any] = []
+
+    def other() -> None:
+        seen.append(h.current())
+        h.enter("other", None)
+        seen.append(h.current())
+        h.exit("other", None, None)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == [None, ["other"]]
+    assert h.current() == ["main"]
+    h.exit("main", None, None)

@@ -18,17 +18,22 @@ Six small parts, one job each:
 - :class:`StreamTarget` learns, one forward without autograd at a time, how many bytes
   of parameters must be read by copy so that the forward stays under the budget;
 - :func:`spread_order` and :func:`stream_plan` pick, spread over a recorded order of
-  module calls, the parameters those bytes are.
+  module calls, the parameters those bytes are;
+- :class:`RingParts` hands out the parts of the streaming's ring of device memory;
+- :class:`OutermostForward` is the module hooks' bookkeeping both the offload and the
+  streaming share: which forward of a thread is the outermost one.
 
-Not thread-safe: each caller (``Offloader``, ``Stager``, ``Streamer``) holds its lock
-around every call.
+Not thread-safe, but for OutermostForward: each caller (``Offloader``, ``Stager``,
+``Streamer``) holds its lock around every call.
 """
 
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 MiB = 1 << 20
 
@@ -317,3 +322,103 @@ def unique_bytes(calls: list[list[tuple[int, int]]]) -> int:
         for key, nbytes in call:
             seen[key] = nbytes
     return sum(seen.values())
+
+
+class RingParts:
+    """The parts of a ring of ``size`` bytes, handed out first in, first out (the
+    weight streaming's copies, Note [Weight streaming]): ``take`` returns the start of a
+    free part of ``nbytes`` (rounded up to ``align``) or None while the parts held are in
+    the way (or it can never fit); ``give_back`` frees a part, normally the oldest. A
+    part never overlaps one held."""
+
+    def __init__(self, size: int, align: int) -> None:
+        self.size = size
+        self.align = align
+        self.held: list[tuple[int, int]] = []  # (start, end), oldest first
+        self.head = 0  # where the next part starts
+
+    def take(self, nbytes: int) -> int | None:
+        n = -(-nbytes // self.align) * self.align
+        if n > self.size:
+            return None
+        if not self.held:
+            self.head = 0
+        tail = self.held[0][0] if self.held else 0
+        wrapped = bool(self.held) and self.head <= tail
+        if not wrapped and self.head + n <= self.size:
+            start = self.head
+        elif not wrapped and n <= tail:
+            start = 0  # wrap around
+        elif wrapped and self.head + n <= tail:
+            start = self.head
+        else:
+            return None
+        self.held.append((start, start + n))
+        self.head = start + n
+        return start
+
+    def give_back(self, span: tuple[int, int]) -> None:
+        self.held.remove(span)
+
+
+Run = TypeVar("Run")
+
+
+class OutermostForward(Generic[Run]):
+    """Module hooks that follow each thread's outermost forward.
+
+    ``enter`` (a global forward pre-hook) calls ``_begin(module)`` when no forward is
+    under way on the thread, keeping what it returns as the thread's run (None: nothing
+    to do in this forward), and ``_inner(run, module)`` for each module called inside it;
+    ``exit`` (a global forward hook registered with ``always_call``, so that it runs when
+    a forward raises too) calls ``_leave(run, module)`` for each and ``_end(run)`` when
+    the outermost forward returns. Hooks installed while a forward is under way see its
+    exits at depth 0 and ignore them. Thread-safe: the depth and the run are the thread's
+    own. Subclasses set ``active``; while it is False no run begins."""
+
+    active = True
+
+    def __init__(self) -> None:
+        self._tls = threading.local()
+
+    def current(self) -> Run | None:
+        """This thread's run, if a forward with one is under way."""
+        run: Run | None = getattr(self._tls, "run", None)
+        return run
+
+    def enter(self, module: Any, args: object) -> None:
+        st = self._tls
+        depth = getattr(st, "depth", 0)
+        st.depth = depth + 1
+        if depth == 0:
+            st.run = self._begin(module) if self.active else None
+            return
+        run = getattr(st, "run", None)
+        if run is not None:
+            self._inner(run, module)
+
+    def exit(self, module: Any, args: object, output: object) -> None:
+        st = self._tls
+        depth = getattr(st, "depth", 0)
+        if depth == 0:
+            return  # installed while this forward was under way
+        st.depth = depth - 1
+        run = getattr(st, "run", None)
+        if run is None:
+            return
+        self._leave(run, module)
+        if depth == 1:
+            st.run = None
+            self._end(run)
+
+    def _begin(self, module: Any) -> Run | None:
+        raise NotImplementedError
+
+    def _inner(self, run: Run, module: Any) -> None:
+        """A module called inside the outermost forward (default: nothing)."""
+
+    def _leave(self, run: Run, module: Any) -> None:
+        """A module of the forward returned (default: nothing)."""
+
+    def _end(self, run: Run) -> None:
+        raise NotImplementedError

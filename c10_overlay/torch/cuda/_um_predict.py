@@ -116,7 +116,7 @@ class _Forward:
 Counters = Callable[[int], "tuple[int, int]"]  # device -> (evicted bytes so far, free room)
 
 
-class Offloader:
+class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
     """The hooks of Note [Saved-activation offload]; one per process (um.py owns it)."""
 
     def __init__(
@@ -128,7 +128,7 @@ class Offloader:
         self._counters = counters
         self._host_room = host_room
         self._lock = threading.Lock()
-        self._tls = threading.local()
+        super().__init__()
         self._streams: dict[tuple[int, str], torch.cuda.Stream] = {}
         self.target = plan.OffloadTarget(margin=margin)
         self.max_lookahead = max_lookahead
@@ -156,25 +156,7 @@ class Offloader:
             0,
         )
 
-    # ---- module hooks: the outermost forward ---------------------------------------
-
-    def enter(self, module: torch.nn.Module, args: object) -> None:
-        st = self._tls
-        depth = getattr(st, "depth", 0)
-        st.depth = depth + 1
-        if depth == 0:
-            st.forward = self._begin(module) if self.active else None
-
-    def exit(self, module: torch.nn.Module, args: object, output: object) -> None:
-        st = self._tls
-        depth = getattr(st, "depth", 0)
-        if depth == 0:
-            return  # installed while this forward was under way
-        st.depth = depth - 1
-        if depth == 1:
-            fwd, st.forward = getattr(st, "forward", None), None
-            if fwd is not None:
-                self._end(fwd)
+    # ---- module hooks: the outermost forward (plan.OutermostForward's enter, exit) ---
 
     def _begin(self, module: torch.nn.Module) -> _Forward | None:
         if not torch.is_grad_enabled() or torch.cuda.is_current_stream_capturing():
@@ -236,7 +218,7 @@ class Offloader:
         return s
 
     def pack(self, t: torch.Tensor) -> object:
-        fwd = getattr(self._tls, "forward", None)
+        fwd = self.current()
         if (
             fwd is None
             or not self.active

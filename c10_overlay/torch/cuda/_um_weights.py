@@ -68,7 +68,6 @@ the records, targets and counters are under a lock.
 
 from __future__ import annotations
 
-import collections
 import threading
 import weakref
 from collections.abc import Callable
@@ -169,7 +168,7 @@ class _Record:
 
 
 class _Ring:
-    """Device memory the copies go into, handed out first in, first out: each call's
+    """Device memory the copies go into, in parts (``_um_plan.RingParts``): each call's
     parameters take the next part, and give it back once the call has been queued.
     Not thread-safe: one forward uses it at a time (Streamer takes it for the forward)."""
 
@@ -177,35 +176,7 @@ class _Ring:
         with torch.inference_mode(False):  # parameters' .data may point into it
             self.memory = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
         self.size = nbytes
-        self.held: collections.deque[tuple[int, int]] = collections.deque()  # (start, end)
-        self.head = 0  # where the next part starts
-
-    def take(self, nbytes: int) -> int | None:
-        """The start of a free part of ``nbytes``, or None while the parts held are in
-        the way (or it can never fit)."""
-        n = -(-nbytes // ALIGN) * ALIGN
-        if n > self.size:
-            return None
-        if not self.held:
-            self.head = 0
-        tail = self.held[0][0] if self.held else 0
-        wrapped = bool(self.held) and self.head <= tail
-        if not wrapped and self.head + n <= self.size:
-            start = self.head
-        elif not wrapped and n <= tail:
-            start = 0  # wrap around
-        elif wrapped and self.head + n <= tail:
-            start = self.head
-        else:
-            return None
-        self.held.append((start, start + n))
-        self.head = start + n
-        return start
-
-    def give_back(self, span: tuple[int, int]) -> None:
-        """``span``, a part held, is free again (the parts go back in the order they
-        were taken, but for a forward cut short)."""
-        self.held.remove(span)
+        self.parts = plan.RingParts(nbytes, ALIGN)
 
     def view(self, start: int, like: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like ``like`` over the ring from ``start``: a normal tensor,
@@ -264,7 +235,7 @@ class _Pass:
         self.buffers: set[int] = set()  # data pointers swapped in now
 
 
-class Streamer:
+class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
     """The hooks of Note [Weight streaming]; one per process (um.py owns it)."""
 
     def __init__(
@@ -277,7 +248,7 @@ class Streamer:
         self._counters = counters
         self._send = send_to_host
         self._lock = threading.Lock()
-        self._tls = threading.local()
+        super().__init__()
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._records: dict[int, _Record] = {}  # id(root) -> record
         self._rings: dict[int, _Ring] = {}  # device -> its ring, while no forward has it
@@ -304,37 +275,18 @@ class Streamer:
             0,
         )
 
-    # ---- module hooks ------------------------------------------------------------------
+    # ---- module hooks (plan.OutermostForward's enter and exit) ---------------------------
 
-    def enter(self, module: torch.nn.Module, args: object) -> None:
-        st = self._tls
-        depth = getattr(st, "depth", 0)
-        st.depth = depth + 1
-        if depth == 0:
-            st.run = self._begin(module) if self.active else None
-            return
-        run: _Pass | None = getattr(st, "run", None)
-        if run is not None:
-            self._call(run, module)
+    def _inner(self, run: _Pass, module: torch.nn.Module) -> None:
+        self._call(run, module)
 
-    def exit(self, module: torch.nn.Module, args: object, output: object) -> None:
-        st = self._tls
-        depth = getattr(st, "depth", 0)
-        if depth == 0:
-            return  # installed while this forward was under way
-        st.depth = depth - 1
-        run: _Pass | None = getattr(st, "run", None)
-        if run is None:
-            return
+    def _leave(self, run: _Pass, module: torch.nn.Module) -> None:
         self._restore(run, module)
-        if depth == 1:
-            st.run = None
-            self._end(run)
 
     def swapped_in(self, t: torch.Tensor) -> bool:
         """Whether ``t`` reads the ring: this thread's forward copied it in (um.py's use
         signal then leaves it alone: it is on the device already)."""
-        run: _Pass | None = getattr(self._tls, "run", None)
+        run: _Pass | None = self.current()
         return run is not None and t.data_ptr() in run.buffers
 
     def release(self) -> None:
@@ -483,9 +435,9 @@ class Streamer:
                 run.next_issue += 1  # replaced since the record: read where it is
                 continue
             sizes = [-(-p.nbytes // ALIGN) * ALIGN for p in params]  # type: ignore[union-attr]
-            start = run.ring.take(sum(sizes))
+            start = run.ring.parts.take(sum(sizes))
             if start is None:
-                if run.ring.held:
+                if run.ring.parts.held:
                     return  # the ring is full: the next call's hook goes on
                 run.next_issue += 1  # larger than the ring: read where it is
                 continue
@@ -519,7 +471,7 @@ class Streamer:
             del run.swapped[id(module)]
         self._put_back(run, swaps, count=True)
         assert run.ring is not None
-        run.ring.give_back(copy.span)
+        run.ring.parts.give_back(copy.span)
 
     def _put_back(
         self,
@@ -549,7 +501,7 @@ class Streamer:
         compute = torch.cuda.current_stream(run.device)
         for copy in run.issued.values():
             compute.wait_event(copy.done)  # before its part of the ring is copied into again
-            run.ring.give_back(copy.span)
+            run.ring.parts.give_back(copy.span)
             with self._lock:
                 self.stats["unused_bytes"] += copy.span[1] - copy.span[0]
         run.issued.clear()
@@ -560,7 +512,7 @@ class Streamer:
             for copy, swaps in stack:
                 self._put_back(run, swaps, count=True)
                 assert run.ring is not None
-                run.ring.give_back(copy.span)
+                run.ring.parts.give_back(copy.span)
         run.swapped.clear()
         if run.ring is not None:
             with self._lock:
