@@ -266,6 +266,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 "streamed_params",
                 "sent_bytes",
                 "send_failures",
+                "ring_failures",
                 "unused_bytes",
                 "stale",
                 "write_backs",
@@ -321,12 +322,21 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             else:
                 record = None
             generation = self._generation
+            size = self._ring_size()
             if record is not None and record.target.bytes > 0:
                 # Taken for this forward (another thread's at the same time makes its own).
                 ring = self._rings.pop(device, None)
-                if ring is None or ring.size != self._ring_size():
-                    ring = _Ring(self._ring_size(), device)
-                calls_plan = record.plan(ring.size)
+        if record is not None and record.target.bytes > 0:
+            if ring is None or ring.size != size:
+                try:
+                    ring = _Ring(size, device)
+                except RuntimeError:  # out of memory: this forward reads in place
+                    ring = None
+                    with self._lock:
+                        self.stats["ring_failures"] += 1
+            if ring is not None:
+                with self._lock:
+                    calls_plan = record.plan(ring.size)
         run = _Pass(root, record, calls_plan, ring, device, counters)
         run.generation = generation
         if ring is not None:
@@ -532,7 +542,8 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             )
             if repeated:
                 assert record is not None
-                record.target.update(evicted, discarded, low, record.total)
+                if run.ring is not None or record.target.bytes == 0:  # not a failed ring
+                    record.target.update(evicted, discarded, low, record.total)
                 if evicted:
                     self.stats["pressured"] += 1
             else:

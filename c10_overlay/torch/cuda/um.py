@@ -1138,7 +1138,8 @@ def predict_stats() -> dict[str, int]:
     ``predict.stream_streamed_params`` (read by copy so far),
     ``predict.stream_sent_bytes`` (parameters sent to host RAM to be read by copy;
     ``predict.stream_send_failures``: sends the engine refused, the copies then read
-    the parameters where they are),
+    the parameters where they are; ``predict.stream_ring_failures``: forwards that read
+    every parameter in place, for want of device memory for the ring of copies),
     ``predict.stream_unused_bytes`` (copied, then not used: the forward departed),
     ``predict.stream_stale`` (copies not used: the parameter changed after its copy),
     ``predict.stream_write_backs`` (parameters a call wrote in place, copied back) and
