@@ -343,6 +343,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             self._send_new(run)
         self._call(run, root)
         return run
+
     def _send_new(self, run: _Pass) -> None:
         """Send the parameters newly streamed to host RAM, once."""
         assert run.record is not None
@@ -537,9 +538,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         with self._lock:
             self.stats["forwards"] += 1
             record = run.record
-            repeated = (
-                record is not None and run.following and len(run.calls) == len(record.calls)
-            )
+            repeated = record is not None and run.following and len(run.calls) == len(record.calls)
             if repeated:
                 assert record is not None
                 if run.ring is not None or record.target.bytes == 0:  # not a failed ring
