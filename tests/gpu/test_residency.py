@@ -430,6 +430,18 @@ def test_inference_under_budget_matches_in_memory(torch_mod: Any, um: Any, limit
     assert _on_device(um) <= 128 * MiB
 
 
+def _built_past_budget(
+    um: Any, budget: int, build: Any, seed: int, **conf: Any
+) -> tuple[torch.nn.Module, torch.Tensor]:
+    """``build(seed)`` under a tiny budget with the settings ``conf``, once the pressure
+    watcher has had time to install the module hooks (it polls ten times a second)."""
+    _tiny_budget(um, budget)
+    um.configure(**conf)
+    model, x = build(seed)
+    time.sleep(0.3)
+    return model, x
+
+
 def _nudged(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
     """223 MiB of Linear layers; a forward pre-hook of the middle one (where the streaming
     takes its first call: _um_plan.spread_order) adds to its weight in place, so each
@@ -468,10 +480,7 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
         expect_halved = model(x).float()
     del model
     # 224 MiB of parameters past a 160 MiB budget (the ring of copies: 32 MiB).
-    _tiny_budget(um, 160 * MiB)
-    um.configure(predict=True, read_copies=False)
-    model, x = _nudged(3)
-    time.sleep(0.3)  # the pressure watcher installs the hooks within 0.1 s
+    model, x = _built_past_budget(um, 160 * MiB, _nudged, 3, predict=True, read_copies=False)
     before = um.predict_stats()
     with torch.inference_mode():
         for i in range(3):
@@ -508,10 +517,8 @@ def test_inference_read_only_copies(torch_mod: Any, um: Any, limits: Limits) -> 
             p.mul_(0.5)
         expect_halved = model(x).float()
     del model
-    _tiny_budget(um, 128 * MiB)
-    um.configure(read_copies=True)  # opt-in (README: read_copies)
-    model, x = _mlp(1)
-    time.sleep(0.3)  # the pressure watcher installs the hooks within 0.1 s
+    # read_copies is opt-in (README: read_copies).
+    model, x = _built_past_budget(um, 128 * MiB, _mlp, 1, read_copies=True)
     before = um.stats()
     with torch.inference_mode():
         for _ in range(3):

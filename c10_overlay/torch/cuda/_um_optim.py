@@ -74,6 +74,7 @@ from typing import Any
 
 import torch
 from torch.cuda import _um_plan as plan
+from torch.cuda._um_streams import side_stream
 from torch.optim import optimizer as _optimizer  # torch.optim does not export the module
 
 MIN_BYTES = 1 << 20  # smaller state (step counters, scalars) is read in place
@@ -114,7 +115,6 @@ class Stager:
         self._room = room
         self._lock = threading.Lock()
         self._held: dict[int, list[list[Any]]] = {}  # id(optimizer) -> the groups' params
-        self._streams: dict[int, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
         self.active = True
         self.stats = dict.fromkeys(("steps", "chunks", "staged_bytes", "skipped", "no_room"), 0)
 
@@ -216,15 +216,6 @@ class Stager:
     def _state_bytes(self, state: dict[str, Any], device: torch.device) -> int:
         return sum(t.nbytes for t in state.values() if self._stageable(t, device))
 
-    def _side_streams(self, device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
-        """The device's streams for copies in and copies out, made on first use."""
-        with self._lock:
-            pair = self._streams.get(device.index or 0)
-            if pair is None:
-                pair = (torch.cuda.Stream(device), torch.cuda.Stream(device))
-                self._streams[device.index or 0] = pair
-            return pair
-
     def _run(
         self,
         opt: torch.optim.Optimizer,
@@ -237,7 +228,8 @@ class Stager:
         side stream while the chunk before is stepped and taken back out on another while
         the chunk after is (Note [Optimizer state staging])."""
         compute = torch.cuda.current_stream(device)
-        into, out = self._side_streams(device)
+        into = side_stream(device.index or 0, "stage-in")
+        out = side_stream(device.index or 0, "stage-out")
         group_of = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
         staged = 0
 

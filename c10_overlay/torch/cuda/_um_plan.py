@@ -205,16 +205,13 @@ class StreamTarget:
     margin: int
     bytes: int = 0
     floor: int = 0  # the largest target that still saw evictions
-    forwards: int = 0
 
     def start(self, evicted: int, total: int) -> int:
-        self.forwards = 0
         self.floor = 0
         self.bytes = max(0, min(evicted, total))
         return self.bytes
 
     def update(self, evicted: int, discarded: int, low_room: int, total: int) -> int:
-        self.forwards += 1
         if evicted > 0:
             self.floor = max(self.floor, self.bytes)
             target = self.bytes + evicted

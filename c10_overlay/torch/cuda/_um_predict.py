@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 from torch.cuda import _um_plan as plan
+from torch.cuda._um_streams import side_stream
 
 MIN_BYTES = 1 << 20  # smaller saves are not worth a copy each way
 COPY_WINDOW = 512 << 20  # bytes of copies to the host in flight (Offloader._throttle)
@@ -129,7 +130,6 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         self._host_room = host_room
         self._lock = threading.Lock()
         super().__init__()
-        self._streams: dict[tuple[int, str], torch.cuda.Stream] = {}
         self.target = plan.OffloadTarget(margin=margin)
         self.max_lookahead = max_lookahead
         self.lookahead = 0
@@ -210,13 +210,6 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
 
     # ---- saved-tensor hooks ------------------------------------------------------------
 
-    def _stream(self, device: torch.device, kind: str) -> torch.cuda.Stream:
-        key = (device.index or 0, kind)
-        s = self._streams.get(key)
-        if s is None:
-            s = self._streams[key] = torch.cuda.Stream(device)
-        return s
-
     def pack(self, t: torch.Tensor) -> object:
         fwd = self.current()
         if (
@@ -285,7 +278,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
     ) -> _Stored:
         device = t.device
         compute = torch.cuda.current_stream(device)
-        side = self._stream(device, "d2h")
+        side = side_stream(device.index or 0, "d2h")
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         whole = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
         side.wait_stream(compute)
@@ -325,7 +318,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             return
         for entry in queue.pump(self.room(device.index or 0)):
             assert isinstance(entry, _Stored)
-            self._bring_back(entry, self._stream(device, "h2d"), ahead=True)
+            self._bring_back(entry, side_stream(device.index or 0, "h2d"), ahead=True)
             self.stats["ahead_bytes"] += entry.nbytes
         if queue.stopped:
             self.stats[f"{queue.stopped}_stops"] += 1

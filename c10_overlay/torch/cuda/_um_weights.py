@@ -74,6 +74,7 @@ from collections.abc import Callable
 
 import torch
 from torch.cuda import _um_plan as plan
+from torch.cuda._um_streams import side_stream
 
 MIN_LOOKAHEAD = 32 << 20
 ALIGN = 512  # bytes: where each parameter's part of the ring starts
@@ -212,6 +213,7 @@ class _Pass:
         ring: _Ring | None,
         device: int,
         counters: tuple[int, int, int],
+        generation: int,
     ) -> None:
         self.root = root
         self.record = record
@@ -221,7 +223,7 @@ class _Pass:
         self.evicted, self.discarded, _ = counters  # the engine's, at the start
         self.sent = 0  # bytes the streamer sent to host RAM itself
         self.following = record is not None
-        self.generation = 0
+        self.generation = generation  # Streamer.release() calls when it began
         self.calls: list[_Call] = []
         self.issued: dict[int, _Copy] = {}
         self.next_issue = 0
@@ -249,7 +251,6 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         self._send = send_to_host
         self._lock = threading.Lock()
         super().__init__()
-        self._streams: dict[int, torch.cuda.Stream] = {}
         self._records: dict[int, _Record] = {}  # id(root) -> record
         self._rings: dict[int, _Ring] = {}  # device -> its ring, while no forward has it
         self._generation = 0  # release() calls so far
@@ -323,10 +324,12 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 record = None
             generation = self._generation
             size = self._ring_size()
-            if record is not None and record.target.bytes > 0:
+            streams = record is not None and record.target.bytes > 0
+            if streams:
                 # Taken for this forward (another thread's at the same time makes its own).
                 ring = self._rings.pop(device, None)
-        if record is not None and record.target.bytes > 0:
+        if streams:
+            assert record is not None
             if ring is None or ring.size != size:
                 try:
                     ring = _Ring(size, device)
@@ -337,8 +340,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             if ring is not None:
                 with self._lock:
                     calls_plan = record.plan(ring.size)
-        run = _Pass(root, record, calls_plan, ring, device, counters)
-        run.generation = generation
+        run = _Pass(root, record, calls_plan, ring, device, counters, generation)
         if ring is not None:
             self._send_new(run)
         self._call(run, root)
@@ -464,7 +466,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 ],
                 (start, start + sum(sizes)),
             )
-            side = self._side_stream(run.device)
+            side = side_stream(run.device, "weights")
             # After the calls that read this part of the ring before, and after every
             # write to the parameters queued so far (Note [Weight streaming]).
             side.wait_stream(compute)
@@ -557,13 +559,6 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 self._records[id(run.root)] = record
                 self.stats["records"] += 1
             self.stats["target_bytes"] = record.target.bytes
-
-    def _side_stream(self, device: int) -> torch.cuda.Stream:
-        with self._lock:
-            s = self._streams.get(device)
-            if s is None:
-                s = self._streams[device] = torch.cuda.Stream(device)
-            return s
 
     def counters(self) -> dict[str, int]:
         with self._lock:

@@ -1024,14 +1024,28 @@ def _remove_hooks() -> None:
 _offloader: Any = None
 
 
-def _engine_counters(index: int) -> tuple[int, int]:
-    """(bytes the engine has evicted from device ``index`` so far, free room under its
-    budget: dead bytes count as free, the allocator reuses them without a move)."""
+def _stream_counters(index: int) -> tuple[int, int, int]:
+    """(bytes the engine has evicted from device ``index`` so far, bytes it has
+    discarded so far, free room under its budget: dead bytes count as free, the
+    allocator reuses them without a move)."""
     s = _raw_stats(index)
     if s is None:
-        return 0, 0
+        return 0, 0, 0
     room = s.device_budget_bytes + s.dead_device_bytes - s.device_placed_bytes
-    return int(s.evict_bytes), max(0, int(room))
+    return int(s.evict_bytes), int(s.discard_bytes), max(0, int(room))
+
+
+def _engine_counters(index: int) -> tuple[int, int]:
+    """(bytes evicted from device ``index`` so far, free room under its budget), for the
+    saved-activation offload."""
+    evicted, _, room = _stream_counters(index)
+    return evicted, room
+
+
+def _current_budget() -> int:
+    """The current device's budget in bytes (0 before the engine has resolved it)."""
+    s = _raw_stats(_device_index(None, allow_host=False))
+    return int(s.device_budget_bytes) if s is not None else 0
 
 
 def _free_room(index: int) -> int:
@@ -1054,9 +1068,7 @@ def _predictor() -> Any:
     if _offloader is None:
         from torch.cuda import _um_predict
 
-        s = _raw_stats(_device_index(None, allow_host=False))
-        budget = int(s.device_budget_bytes) if s is not None else 0
-        margin = max(16 << 20, budget // 16)  # room the offload leaves unplanned
+        margin = max(16 << 20, _current_budget() // 16)  # room the offload leaves unplanned
         _offloader = _um_predict.Offloader(_engine_counters, _host_room, lookahead, margin)
     _offloader.max_lookahead = lookahead
     return _offloader
@@ -1083,16 +1095,6 @@ def _send_to_host(tensors: list[torch.Tensor]) -> None:
     prefetch(tensors, HOST)
 
 
-def _stream_counters(index: int) -> tuple[int, int, int]:
-    """(bytes evicted from device ``index`` so far, bytes discarded so far, free room
-    under its budget), for the weight streaming's target."""
-    s = _raw_stats(index)
-    if s is None:
-        return 0, 0, 0
-    room = s.device_budget_bytes + s.dead_device_bytes - s.device_placed_bytes
-    return int(s.evict_bytes), int(s.discard_bytes), max(0, int(room))
-
-
 def _weight_streamer() -> Any:
     """The process's weight streamer (Note [Weight streaming], torch/cuda/_um_weights.py),
     made on first use."""
@@ -1101,9 +1103,9 @@ def _weight_streamer() -> Any:
     if _streamer is None:
         from torch.cuda import _um_weights
 
-        s = _raw_stats(_device_index(None, allow_host=False))
-        budget = int(s.device_budget_bytes) if s is not None else 0
-        _streamer = _um_weights.Streamer(_stream_counters, _send_to_host, budget, lookahead)
+        _streamer = _um_weights.Streamer(
+            _stream_counters, _send_to_host, _current_budget(), lookahead
+        )
     _streamer.max_lookahead = lookahead
     _streamer.active = True
     return _streamer
