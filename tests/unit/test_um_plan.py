@@ -388,6 +388,41 @@ def test_ring_parts_never_overlap_and_go_back_in_any_order(seed: int) -> None:
     assert ring.take(ring.size + 1) is None
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_ring_parts_name_every_reader_a_new_copy_must_wait_for(seed: int) -> None:
+    """Readers are calls on one stream, so a token (their order) covers every earlier
+    one: each part taken must wait for a token at least as late as the last reader of
+    any of its bytes since the last forget."""
+    rng = random.Random(seed)
+    align = 512
+    ring = plan.RingParts(size=32 * align, align=align)
+    held: list[tuple[int, int]] = []
+    last_reader = [0] * 32  # per granule: the token of its last reader (0: none)
+    token = 0
+    for _ in range(600):
+        if rng.random() < 0.02:
+            ring.forget()
+            last_reader = [0] * 32
+        if held and (rng.random() < 0.5 or len(held) > 5):
+            span = held.pop(0 if rng.random() < 0.9 else rng.randrange(len(held)))
+            token += 1
+            ring.give_back(span, token)
+            for g in range(span[0] // align, span[1] // align):
+                last_reader[g] = token
+            continue
+        nbytes = rng.randint(1, 9 * align)
+        start = ring.take(nbytes)
+        if start is None:
+            continue
+        span = (start, start + -(-nbytes // align) * align)
+        waits = ring.readers(span)
+        needed = max(last_reader[g] for g in range(span[0] // align, span[1] // align))
+        assert max(waits, default=0) >= needed
+        held.append(span)
+    assert token > 100
+    assert len(ring.released) <= 32  # forgotten once covered: it does not grow
+
+
 def test_ring_parts_wrap_around_in_order() -> None:
     ring = plan.RingParts(size=4096, align=1024)
     a, b, c = ring.take(1024), ring.take(2048), ring.take(1024)

@@ -326,13 +326,20 @@ class RingParts:
     weight streaming's copies, Note [Weight streaming]): ``take`` returns the start of a
     free part of ``nbytes`` (rounded up to ``align``) or None while the parts held are in
     the way (or it can never fit); ``give_back`` frees a part, normally the oldest. A
-    part never overlaps one held."""
+    part never overlaps one held.
+
+    A part may be given back with a token (the event after the call that read it):
+    ``readers`` then returns, for a part just taken, the tokens of every part given back
+    since the last ``forget`` that overlaps it, which its copy waits for; those wholly
+    inside it are forgotten (whoever takes their bytes again waits for this part's own
+    token, given later)."""
 
     def __init__(self, size: int, align: int) -> None:
         self.size = size
         self.align = align
         self.held: list[tuple[int, int]] = []  # (start, end), oldest first
         self.head = 0  # where the next part starts
+        self.released: list[tuple[int, int, object]] = []  # (start, end, token)
 
     def take(self, nbytes: int) -> int | None:
         n = -(-nbytes // self.align) * self.align
@@ -354,8 +361,26 @@ class RingParts:
         self.head = start + n
         return start
 
-    def give_back(self, span: tuple[int, int]) -> None:
+    def give_back(self, span: tuple[int, int], token: object = None) -> None:
         self.held.remove(span)
+        if token is not None:
+            self.released.append((*span, token))
+
+    def readers(self, span: tuple[int, int]) -> list[object]:
+        start, end = span
+        out, kept = [], []
+        for lo, hi, token in self.released:
+            if lo < end and start < hi:
+                out.append(token)
+                if start <= lo and hi <= end:
+                    continue
+            kept.append((lo, hi, token))
+        self.released = kept
+        return out
+
+    def forget(self) -> None:
+        """Every reader so far is waited for by other means."""
+        self.released.clear()
 
 
 Run = TypeVar("Run")

@@ -46,21 +46,32 @@ in a forward without autograd (``no_grad``, ``inference_mode``):
 Correctness does not rest on the prediction. A copy is used only if the parameter still
 has the storage and the version it was copied from. A call that writes a streamed
 parameter in place (its version moves: a forward pre-hook of the program's that updates
-it) gets its part of the ring copied back over the parameter. A part of the ring is
-copied into again only after the call that read it has been queued on the compute stream
-(the copy stream waits for the compute stream before each copy), and a copy left unused
-is waited for by the compute stream before its part of the ring is reused. Outside the
-call, every reader sees the parameter's own storage.
+it) gets its part of the ring copied back over the parameter. Outside the call, every
+reader sees the parameter's own storage. The copies are ordered by events, not by the
+whole compute stream:
 
-Where the forward's time goes (bench/README.md, step 14: 0.058-0.070 s a forward for
-the model above, about 1.4 GB streamed, against 0.024 s in memory and accelerate's
-0.11-0.15 s): the compute stream is busy 0.026 s, and the rest is the host. Waiting for
-all the compute stream's work at each copy holds the copy back until the device reaches
-the call that issued it (the host runs ahead), so copies and compute partly take turns:
-0.017 s of device waits. Waiting only for the calls that read the ring's part before
-(events) removed those waits, and the host's hooks then took as long (the forward did
-not get faster), so the simpler order stays. The next cost to cut is the hooks' own: some
-320 module calls a forward, each through three global pre-hooks and three forward hooks.
+- a part of the ring is copied into only after every call that read any of its bytes
+  earlier in the forward has been queued: each call's forward hook records an event on
+  the compute stream as it gives its part back, and the copy waits for the events of
+  the parts it overlaps (``_um_plan.RingParts.readers``);
+- the first copy of each forward, and the copy of a parameter whose version moved since
+  its last copy, wait for the whole compute stream: after the forwards before (their
+  reads of the ring) and after every write to the parameter queued so far (an optimizer
+  step between forwards, a pre-hook that updates a later call's weight);
+- a copy left unused is waited for by the compute stream before its part is reused.
+
+Where the forward's time goes (bench/README.md, steps 14 and 15; the model above at a
+2 GiB budget, 1.3 GB streamed a forward, 0.024 s in memory, accelerate 0.11-0.15 s): with
+the whole compute stream before each copy, a copy waited until the device reached the
+call that issued it, so copies and compute partly took turns (0.017 s of device waits,
+0.058-0.070 s a forward). Events cut the waits for copies to 0.004-0.006 s and the
+forward to 0.056 s, against 0.060 s in the same run. What is left (step 15's
+timeline): the foreach copy kernels share the SMs with the forward's (its kernels take
+0.030 s instead of 0.026 s; copies by cudaMemcpyAsync, which leave the SMs alone, made the
+forward slower still), and the engine discards and places again 0.36 GB of the
+allocator's cached blocks a forward, which the forward's kernels wait for (0.005 s).
+Growing the target until those discards stopped streamed every weight (2.4 GB a
+forward) and made nothing faster.
 
 Thread safety: the hooks may run on any thread; each thread's forward is its own, and
 the records, targets and counters are under a lock.
@@ -74,12 +85,13 @@ from collections.abc import Callable
 
 import torch
 from torch.cuda import _um_plan as plan
-from torch.cuda._um_streams import side_stream
+from torch.cuda._um_streams import current_stream, side_stream
 
 MIN_LOOKAHEAD = 32 << 20
 ALIGN = 512  # bytes: where each parameter's part of the ring starts
 ROOM_EVERY = 4  # streamed calls per sample of the free room
 MAX_RECORDS = 8  # outermost modules with a record kept; the oldest goes first
+MAX_VIEWS = 4096  # views of a ring kept for the next forwards
 
 # (module, qualified name) of module types whose forward only reads its parameters.
 READ_ONLY = frozenset(
@@ -105,15 +117,22 @@ SendToHost = Callable[[list[torch.Tensor]], None]
 _read_only: dict[type, bool] = {}  # the classes seen, so that a call costs one lookup
 
 
-def _streamable(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+def _read_only_type(module: torch.nn.Module) -> bool:
     cls = type(module)
     known = _read_only.get(cls)
     if known is None:
         known = _read_only[cls] = (cls.__module__, cls.__qualname__) in READ_ONLY
-    if not known:
+    return known
+
+
+def _renorms(module: torch.nn.Module) -> bool:
+    """Embedding(max_norm=...) renormalises the rows it reads, in place."""
+    return module.__dict__.get("max_norm") is not None
+
+
+def _streamable(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    if not _read_only_type(module) or _renorms(module):
         return []
-    if getattr(module, "max_norm", None) is not None:
-        return []  # Embedding(max_norm=...) renormalises the rows it reads, in place
     out = []
     for name, p in module._parameters.items():
         if (
@@ -137,13 +156,25 @@ class _Call:
         self.names = tuple(n for n, _ in params)
         self.keys = tuple((p.untyped_storage().data_ptr(), p.nbytes) for _, p in params)
 
-    def same(self, other: _Call) -> bool:
-        return (
-            self.module() is not None
-            and self.module() is other.module()
-            and self.names == other.names
-            and self.keys == other.keys
-        )
+    def repeats(self, module: torch.nn.Module) -> bool:
+        """Whether calling ``module`` now repeats this call: the same module, with the
+        same parameters in the same storages (checked at every call of a forward, so
+        without making a _Call: step 15). A parameter the module has gained since is
+        read where it is."""
+        owner = self.module()
+        if owner is None or owner is not module or _renorms(module):
+            return False
+        params = module._parameters
+        for name, (ptr, nbytes) in zip(self.names, self.keys, strict=True):
+            p = params.get(name)
+            if (
+                type(p) is not torch.nn.Parameter
+                or p.data_ptr() != ptr
+                or p.nbytes != nbytes
+                or not p.is_contiguous()
+            ):
+                return False
+        return True
 
 
 class _Record:
@@ -157,6 +188,7 @@ class _Record:
         self.total = plan.unique_bytes(self.sizes)
         self.target = target
         self.streamed: set[int] = set()  # storage keys sent to host RAM
+        self.versions: dict[int, int] = {}  # storage key -> version at its last copy
         self._plan: tuple[int, int, list[list[int]]] | None = None
 
     def plan(self, largest: int) -> list[list[int]]:
@@ -178,14 +210,23 @@ class _Ring:
             self.memory = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
         self.size = nbytes
         self.parts = plan.RingParts(nbytes, ALIGN)
+        # (start, dtype, shape) -> its view: a forward repeats its parts, and making a
+        # view outside inference mode costs microseconds (bench/README.md, step 15).
+        self._views: dict[tuple[int, torch.dtype, torch.Size], torch.Tensor] = {}
 
     def view(self, start: int, like: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like ``like`` over the ring from ``start``: a normal tensor,
         also in inference mode, so that a write through the parameter moves its version
         (Note [Weight streaming])."""
-        with torch.inference_mode(False):
-            raw = self.memory[start : start + like.nbytes]
-            return raw.view(like.dtype).view(like.shape)
+        key = (start, like.dtype, like.shape)
+        v = self._views.get(key)
+        if v is None:
+            if len(self._views) >= MAX_VIEWS:
+                self._views.clear()
+            with torch.inference_mode(False):
+                raw = self.memory[start : start + like.nbytes]
+                v = self._views[key] = raw.view(like.dtype).view(like.shape)
+        return v
 
 
 class _Copy:
@@ -227,6 +268,7 @@ class _Pass:
         self.calls: list[_Call] = []
         self.issued: dict[int, _Copy] = {}
         self.next_issue = 0
+        self.ordered = False  # whether a copy waited for the compute stream in this forward
         self.low_room: int | None = None
         self.streamed_calls = 0
         # id(module) -> stack of (the call's copy, its swaps: parameter, original data,
@@ -380,25 +422,32 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             self.stats["sent_bytes"] += max(0, after - before)
 
     def _call(self, run: _Pass, module: torch.nn.Module) -> None:
+        if not _read_only_type(module):
+            return
+        i = len(run.calls)
+        if run.following:
+            assert run.record is not None
+            recorded = run.record.calls[i] if i < len(run.record.calls) else None
+            if recorded is not None and recorded.repeats(module):
+                run.calls.append(recorded)
+                self._read_by_copy(run, module, i)
+                return
         params = _streamable(module)
         if not params:
             return
-        call = _Call(module, params)
-        i = len(run.calls)
-        run.calls.append(call)
-        if not run.following:
-            return
-        assert run.record is not None
-        if i >= len(run.record.calls) or not run.record.calls[i].same(call):
+        run.calls.append(_Call(module, params))
+        if run.following:
             self._depart(run)
-            return
+
+    def _read_by_copy(self, run: _Pass, module: torch.nn.Module, i: int) -> None:
+        """Call ``i`` of the record: its parameters' copies, issued ahead, swapped in."""
         if run.ring is None:
             return
         self._issue(run, i)
         copy = run.issued.pop(i, None)
         if copy is None:
             return
-        compute = torch.cuda.current_stream(run.device)
+        compute = current_stream(run.device)
         compute.wait_event(copy.done)
         swaps = []
         for name, p, version, buf in copy.params:
@@ -431,7 +480,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         has room for them."""
         assert run.record is not None and run.ring is not None
         run.next_issue = max(run.next_issue, upto)
-        compute = torch.cuda.current_stream(run.device)
+        compute = current_stream(run.device)
         while run.next_issue < len(run.plan):
             j = run.next_issue
             picked = run.plan[j]
@@ -442,12 +491,12 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 continue
             params = [module._parameters.get(call.names[k]) for k in picked]
             if any(
-                p is None or p.untyped_storage().data_ptr() != call.keys[k][0]
+                p is None or p.data_ptr() != call.keys[k][0]
                 for p, k in zip(params, picked, strict=True)
             ):
                 run.next_issue += 1  # replaced since the record: read where it is
                 continue
-            sizes = [-(-p.nbytes // ALIGN) * ALIGN for p in params]  # type: ignore[union-attr]
+            sizes = [-(-p.nbytes // ALIGN) * ALIGN for p in params]
             start = run.ring.parts.take(sum(sizes))
             if start is None:
                 if run.ring.parts.held:
@@ -457,21 +506,37 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             run.next_issue += 1
             views, at = [], start
             for p, n in zip(params, sizes, strict=True):
-                views.append(run.ring.view(at, p))  # type: ignore[arg-type]
+                views.append(run.ring.view(at, p))
                 at += n
             copy = _Copy(
                 [
-                    (call.names[k], p, p._version, v)  # type: ignore[union-attr]
+                    (call.names[k], p, p._version, v)
                     for k, p, v in zip(picked, params, views, strict=True)
                 ],
                 (start, start + sum(sizes)),
             )
             side = side_stream(run.device, "weights")
             # After the calls that read this part of the ring before, and after every
-            # write to the parameters queued so far (Note [Weight streaming]).
-            side.wait_stream(compute)
+            # write to its parameters queued so far (Note [Weight streaming]).
+            versions = run.record.versions
+            written = False
+            for k, p in zip(picked, params, strict=True):
+                key = call.keys[k][0]
+                if versions.get(key) != p._version:
+                    versions[key] = p._version
+                    written = True
+            if written or not run.ordered:
+                side.wait_stream(compute)
+                if not run.ordered:
+                    run.ordered = True
+                    run.ring.parts.forget()  # the forwards before: all queued before this
+            for reader in run.ring.parts.readers(copy.span):
+                side.wait_event(reader)
             with torch.cuda.stream(side):
-                torch._foreach_copy_(views, params)  # type: ignore[arg-type]
+                # A kernel, not a cudaMemcpyAsync per parameter: both read host RAM at
+                # 51 GB/s, and the copy engine's copies left the forward 3 ms slower
+                # though the kernels ran faster without the copy's SMs (step 15).
+                torch._foreach_copy_(views, params)
                 copy.done.record(side)
             run.issued[j] = copy
 
@@ -484,7 +549,9 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             del run.swapped[id(module)]
         self._put_back(run, swaps, count=True)
         assert run.ring is not None
-        run.ring.parts.give_back(copy.span)
+        read = torch.cuda.Event()
+        read.record(current_stream(run.device))  # the call is queued: its reads come first
+        run.ring.parts.give_back(copy.span, read)
 
     def _put_back(
         self,
@@ -511,7 +578,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         if not run.issued:
             return
         assert run.ring is not None
-        compute = torch.cuda.current_stream(run.device)
+        compute = current_stream(run.device)
         for copy in run.issued.values():
             compute.wait_event(copy.done)  # before its part of the ring is copied into again
             run.ring.parts.give_back(copy.span)

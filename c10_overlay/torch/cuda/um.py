@@ -911,11 +911,13 @@ _TOUCH_READ_ONLY = 1  # TORCH_UM_TOUCH_READ_ONLY
 def _touch(ranges: list[tuple[int, int, int]], flags: int = 0) -> None:
     if _lib is None:
         return
-    streams: dict[int, int] = {}  # a Stream object costs microseconds: one per device
+    from torch.cuda._um_streams import current_handle  # one dict lookup once imported
+
+    streams: dict[int, int] = {}
     for ptr, size, dev in ranges:
         stream = streams.get(dev)
         if stream is None:
-            stream = streams[dev] = torch.cuda.current_stream(dev).cuda_stream
+            stream = streams[dev] = current_handle(dev)
         _lib.torch_um_touch(ctypes.c_void_p(ptr), size, dev, ctypes.c_void_p(stream), flags)
 
 

@@ -1,0 +1,124 @@
+"""Whether an inference forward past the budget is bound by the host or by the device, and
+what the module hooks of the +um Python layer cost the host (issue 8, prediction step 15).
+
+    python -m bench.hooks_probe --mode um [--conf TEXT] [--forwards 6] [--profile]
+    python -m bench.hooks_probe --mode stock          # the same forward on stock torch
+
+Runs bench.residency's infer workload (the 1.28 B GPT-2, batch 8 x 512 under
+inference_mode; ``um`` at the 2 GiB budget, total-managed cap at 80 % of free memory),
+warms up, then prints JSON lines:
+
+- per forward, the host seconds until ``model(ids)`` returns and the wall seconds until
+  the device is done: host well under wall means the device bounds the forward; host
+  close to wall means the host does, or the host was held back (a full launch queue, a
+  synchronous wait in the allocator);
+- the host seconds a forward spends in each global module hook (each wrapped in a timer),
+  and the module calls a forward makes;
+- with ``--profile``, cProfile's 40 heaviest functions over two forwards, by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.common import run_main, safe_cap, um_module
+from bench.residency import DEFAULT_BUDGET, UM_CONF, _build_model, _tokens, parse_size
+
+
+def _timed_hooks(hooks: dict[int, Callable[..., Any]], tag: str, spent: dict[str, float]) -> None:
+    """Wrap each hook of a global hook table, in place, in a timer adding to ``spent``."""
+    for key in list(hooks):
+        fn = hooks[key]
+        name = f"{tag}:{getattr(fn, '__qualname__', repr(fn))}"
+
+        def timed(*args: Any, _fn: Callable[..., Any] = fn, _name: str = name) -> Any:
+            t = time.perf_counter()
+            try:
+                return _fn(*args)
+            finally:
+                spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - t
+
+        hooks[key] = timed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=("stock", "um"), required=True)
+    ap.add_argument("--conf", default=UM_CONF["um-predict"], help="engine settings (um)")
+    ap.add_argument("--budget", default=DEFAULT_BUDGET["infer"])
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--forwards", type=int, default=6)
+    ap.add_argument("--profile", action="store_true", help="add cProfile's heaviest functions")
+    a = ap.parse_args(argv)
+    import torch
+    from torch.nn.modules import module as nn_module
+
+    um = um_module(torch, a.mode)
+    free, _total, cap = safe_cap(torch)
+    if um is not None:
+        um.configure(a.conf, enabled=True, max_managed=cap, device_budget=parse_size(a.budget))
+    model = _build_model(torch, "infer").to("cuda")
+    ids = _tokens(torch, "infer").to("cuda")
+
+    def forward() -> None:
+        with torch.inference_mode():
+            model(ids)
+
+    for _ in range(a.warmup):
+        forward()
+    host, wall = [], []
+    for _ in range(a.forwards):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        forward()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append(t1 - t0)
+        wall.append(time.perf_counter() - t0)
+    first = {"mode": a.mode, "conf": a.conf if um else None, "host_s": host, "wall_s": wall}
+    print(json.dumps({**first, "free_at_start": free, "cap": cap if um else None}))
+
+    spent: dict[str, float] = {}
+    _timed_hooks(nn_module._global_forward_pre_hooks, "pre", spent)
+    _timed_hooks(nn_module._global_forward_hooks, "post", spent)
+    calls = [0]
+
+    def count(module: object, args: object) -> None:
+        calls[0] += 1
+
+    handle = nn_module.register_module_forward_pre_hook(count)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(a.forwards):
+        forward()
+        torch.cuda.synchronize()
+    per = (time.perf_counter() - t0) / a.forwards
+    handle.remove()
+    hooks = {k: round(v / a.forwards, 5) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+    timed = {"timed_forward_s": per, "module_calls": calls[0] / a.forwards}
+    print(json.dumps({**timed, "hook_host_s": hooks}))
+    if a.profile:
+        prof = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof.enable()
+        forward()
+        forward()
+        prof.disable()
+        torch.cuda.synchronize()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(40)
+        print(out.getvalue())
+    if um is not None:
+        print(json.dumps(um.predict_stats()))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main("hooks_probe", main)
