@@ -68,10 +68,13 @@ call that issued it, so copies and compute partly took turns (0.017 s of device 
 forward to 0.056 s, against 0.060 s in the same run. What is left (step 15's
 timeline): the foreach copy kernels share the SMs with the forward's (its kernels take
 0.030 s instead of 0.026 s; copies by cudaMemcpyAsync, which leave the SMs alone, made the
-forward slower still), and the engine discards and places again 0.36 GB of the
-allocator's cached blocks a forward, which the forward's kernels wait for (0.005 s).
-Growing the target until those discards stopped streamed every weight (2.4 GB a
-forward) and made nothing faster.
+forward slower still); the forward's kernels wait 0.005 s behind a memset, for a reason
+not known; and the engine discards and places again 0.36 GB of the allocator's cached
+blocks a forward. Growing the target until those discards stopped streamed every weight
+(2.4 GB a forward) and made nothing faster; ordering dead chunks by their predicted reuse
+cut them to 0.14 GB but not the memset wait (step 16). A ring of a sixteenth of the
+budget was 4 % faster than an eighth in one run (step 16); the size stays until it is
+chosen at run time.
 
 Thread safety: the hooks may run on any thread; each thread's forward is its own, and
 the records, targets and counters are under a lock.
