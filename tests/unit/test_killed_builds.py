@@ -120,9 +120,13 @@ def test_killed_build_takes_its_compilers_along(tmp_path: Path, sig: int) -> Non
     """What ``cmake --build`` starts (ninja, the compilers) dies with the build, however
     the build ends."""
     pidfile = tmp_path / "compiler.pid"
+    # A shell starts background jobs with SIGINT ignored, and a Python started so keeps
+    # ignoring it: the child takes Ctrl-C as an interactive build would.
     child = _spawn(f"""
+        import signal
         from pathlib import Path
         from build_scripts import overlay_build
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         print("building", flush=True)
         overlay_build._run(
             ["sh", "-c", "sleep 300 & echo $! > {pidfile}; wait"],
