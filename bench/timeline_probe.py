@@ -80,14 +80,14 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
         if "correlation" in (e.get("args") or {})
     }
     by_family: dict[str, list[float]] = {}
-    by_stream: dict[Any, list[tuple[float, float, float, dict[str, Any] | None]]] = {}
+    by_stream: dict[Any, list[tuple[float, float, float, dict[str, Any] | None, str]]] = {}
     for k in kernels:
         by_family.setdefault(family(k.get("name", "")), []).append(k["dur"])
         args = k.get("args") or {}
         call = launches.get(args.get("correlation"))
         launched = call["ts"] + call["dur"] if call else k["ts"]
         by_stream.setdefault(args.get("stream"), []).append(
-            (k["ts"], k["ts"] + k["dur"], launched, call)
+            (k["ts"], k["ts"] + k["dur"], launched, call, str(k.get("name", "")))
         )
     calls: dict[str, float] = {}
     for e in api:
@@ -115,15 +115,30 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
         row["busy_s"] = round(row["busy_s"], 4)
         row["GB"] = round(row["GB"], 3)
     out["copies_by_stream"] = copies
+    # Memsets run on a stream between kernels: one that takes long (managed pages it has
+    # to populate) shows as an idle gap of that stream, "after cudaMemsetAsync".
+    memsets: dict[str, list[float]] = {}  # stream -> each memset's microseconds
+    for m in window(("gpu_memset",)):
+        memsets.setdefault(str((m.get("args") or {}).get("stream")), []).append(m["dur"])
+    out["memsets_by_stream"] = {
+        k: {
+            "n": len(v),
+            "busy_s": round(sum(v) / 1e6, 4),
+            "largest_ms": [round(x / 1000, 2) for x in sorted(v)[-3:]],
+        }
+        for k, v in memsets.items()
+    }
     if by_stream:
         stream, spans = max(by_stream.items(), key=lambda kv: sum(s[1] - s[0] for s in kv[1]))
         spans.sort(key=lambda sp: sp[:3])
         busy = late = 0.0
         gaps: list[float] = []
         after: dict[str, float] = {}
+        waits: list[tuple[float, str, str, str]] = []  # (us, queued between, before, kernel)
         end = spans[0][0]
         prev_call: dict[str, Any] | None = None
-        for a, b, launched, call in spans:
+        prev_name = ""
+        for a, b, launched, call, name in spans:
             if a > end:
                 gaps.append(a - end)
                 host = min(a - end, max(0.0, launched - end))
@@ -131,9 +146,11 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
                 if a - end > host:
                     key = _queued_between(api, prev_call, call)
                     after[key] = after.get(key, 0.0) + (a - end - host)
+                    waits.append((a - end - host, key, prev_name, name))
             busy += max(0.0, b - max(a, end))
             end = max(end, b)
             prev_call = call
+            prev_name = name
         long_gaps = [g for g in gaps if g > 1000]
         out["stream"] = {
             "id": stream,
@@ -148,6 +165,17 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
             "device_wait_after": {
                 k: round(v / 1e6, 4) for k, v in sorted(after.items(), key=lambda kv: -kv[1])[:8]
             },
+            # The longest device waits, with the kernels on either side (their names are
+            # cut to 80 characters): which work the stream waited between.
+            "largest_device_waits": [
+                {
+                    "ms": round(us / 1000, 2),
+                    "after": key,
+                    "kernel_before": pre[:80],
+                    "kernel": post[:80],
+                }
+                for us, key, pre, post in sorted(waits, key=lambda w: -w[0])[:5]
+            ],
         }
     return out
 

@@ -412,6 +412,7 @@ def test_timeline_gaps_split_into_host_late_and_device_wait() -> None:
         launch(2005, 3),  # launched at once, ran 3000 us later: waiting on the device
         kernel(5000, 10, 3, "multi_tensor_apply_kernel"),
         kernel(9000, 10, 4),  # outside the window
+        {"cat": "gpu_memset", "ph": "X", "ts": 2100, "dur": 2500, "args": {"stream": 7}},
     ]
     out = timeline_probe.summarize(events, 0, 8000)
     assert out["kernels"] == 3
@@ -432,6 +433,15 @@ def test_timeline_gaps_split_into_host_late_and_device_wait() -> None:
         "unknown launch": pytest.approx(495 / 1e6, abs=1e-4),
     }
     assert out["api_s"]["3:cudaLaunchKernel"] == 0.0
+    # the waits, longest first, with the kernels on either side
+    assert [w["after"] for w in stream["largest_device_waits"]] == [
+        "cudaStreamWaitEvent",
+        "unknown launch",
+    ]
+    assert stream["largest_device_waits"][0]["kernel_before"] == "vectorized_elementwise_kernel"
+    assert stream["largest_device_waits"][0]["kernel"] == "multi_tensor_apply_kernel"
+    assert stream["largest_device_waits"][0]["ms"] == pytest.approx(2.99)
+    assert out["memsets_by_stream"] == {"7": {"n": 1, "busy_s": 0.0025, "largest_ms": [2.5]}}
 
 
 def test_error_text_keeps_no_path_of_the_machine() -> None:
