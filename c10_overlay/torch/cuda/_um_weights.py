@@ -8,10 +8,10 @@ prefetch to the CPU at 3-17 GB/s, and kernel launches stall while the evictor is
 it: a 1.28 B model's forward takes 0.13 s at a 2 GiB budget on the H200 host, where its
 compute takes 0.024 s and the bytes past the budget cross the link in about 0.02 s
 (bench/README.md, prediction steps 8 and 9). Read in place by the GEMMs, those bytes cost
-more still (3 GB/s, step 9). A copy engine reads managed memory in host RAM at
-51-52 GB/s (bench/stage_routes_probe.py), and a weight that is only read needs no way
-back: that is what the offload tools do (accelerate's hooks copy a layer's weights in
-just before it runs).
+more still (3 GB/s, step 9). A copy, by a copy engine or by a kernel, reads managed
+memory in host RAM at 51-52 GB/s (bench/stage_routes_probe.py), and a weight that is only
+read needs no way back: that is what the offload tools do (accelerate's hooks copy a
+layer's weights in just before it runs).
 
 So, with ``predict:True`` and while the module hooks are on (Note [Use signals], um.py),
 in a forward without autograd (``no_grad``, ``inference_mode``):
