@@ -478,3 +478,30 @@ def test_conf_is_laid_over_each_um_mode_but_the_previous_engines() -> None:
     got = residency.mode_conf("um-predict", "predict_lookahead:4GiB")
     assert got == residency.UM_CONF["um-predict"] + ",predict_lookahead:4GiB"
     assert residency.mode_conf("um-prev", "predict_lookahead:4GiB") == residency.UM_CONF["um-prev"]
+
+
+def test_hooks_probe_times_each_hook_in_place_and_keeps_what_it_returns() -> None:
+    from bench import hooks_probe
+
+    seen: list[tuple[object, ...]] = []
+
+    def pre(module: object, args: object) -> str:
+        seen.append((module, args))
+        return "kept"
+
+    def post(module: object, args: object, output: object) -> None:
+        seen.append((module, args, output))
+        raise RuntimeError("a hook's own error")
+
+    table: dict[int, Any] = {1: pre, 2: post}
+    spent: dict[str, float] = {}
+    hooks_probe._timed_hooks(table, "pre", spent)
+    assert list(table) == [1, 2] and table[1] is not pre  # same keys, wrapped in place
+    assert table[1]("m", ("x",)) == "kept"
+    with pytest.raises(RuntimeError, match="own error"):
+        table[2]("m", ("x",), "y")
+    assert seen == [("m", ("x",)), ("m", ("x",), "y")]
+    names = sorted(spent)
+    assert len(names) == 2 and all(n.startswith("pre:") for n in names)
+    # the failing hook was timed too
+    assert any(n.endswith(".pre") for n in names) and any(n.endswith(".post") for n in names)
