@@ -550,7 +550,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         copy, swaps = stack.pop()
         if not stack:
             del run.swapped[id(module)]
-        self._put_back(run, swaps, count=True)
+        self._put_back(run, swaps)
         assert run.ring is not None
         read = torch.cuda.Event()
         read.record(current_stream(run.device))  # the call is queued: its reads come first
@@ -560,14 +560,12 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         self,
         run: _Pass,
         swaps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]],
-        count: bool,
     ) -> None:
         for p, original, buf, version in swaps:
             if p._version != version:  # written in place during the call: keep the write
                 original.copy_(buf)
-                if count:
-                    with self._lock:
-                        self.stats["write_backs"] += 1
+                with self._lock:
+                    self.stats["write_backs"] += 1
             p.data = original
             run.buffers.discard(buf.data_ptr())
 
@@ -593,7 +591,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         self._drop_unused(run)
         for stack in run.swapped.values():  # calls whose forward hook never ran
             for copy, swaps in stack:
-                self._put_back(run, swaps, count=True)
+                self._put_back(run, swaps)
                 assert run.ring is not None
                 run.ring.parts.give_back(copy.span)
         run.swapped.clear()

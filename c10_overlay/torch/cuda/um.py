@@ -913,11 +913,8 @@ def _touch(ranges: list[tuple[int, int, int]], flags: int = 0) -> None:
         return
     from torch.cuda._um_streams import current_handle  # one dict lookup once imported
 
-    streams: dict[int, int] = {}
     for ptr, size, dev in ranges:
-        stream = streams.get(dev)
-        if stream is None:
-            stream = streams[dev] = current_handle(dev)
+        stream = current_handle(dev)  # a raw handle: no Stream object made
         _lib.torch_um_touch(ctypes.c_void_p(ptr), size, dev, ctypes.c_void_p(stream), flags)
 
 
