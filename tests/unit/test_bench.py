@@ -505,3 +505,49 @@ def test_hooks_probe_times_each_hook_in_place_and_keeps_what_it_returns() -> Non
     assert len(names) == 2 and all(n.startswith("pre:") for n in names)
     # the failing hook was timed too
     assert any(n.endswith(".pre") for n in names) and any(n.endswith(".post") for n in names)
+
+
+def test_populate_probe_splits_work_into_whole_pages_covering_the_range_once() -> None:
+    import ctypes
+    import itertools
+
+    from bench import populate_probe
+
+    # cpu_memset: every byte written, over any number of threads and sizes that are not
+    # multiples of a page or of the thread count.
+    for size, threads in [(3 * 4096 + 5, 4), (100, 4), (1 << 20, 16), (5, 1)]:
+        buf = (ctypes.c_ubyte * size)(*([7] * size))
+        populate_probe.cpu_memset(ctypes.addressof(buf), size, threads)()
+        assert set(buf) == {0}, (size, threads)
+
+    # parallel_prefetch: parts on 2 MiB boundaries that tile the range exactly once.
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[int, int, int]] = []
+
+        def prefetch(self, ptr: int, n: int, where: int, stream: int = 0) -> None:
+            self.calls.append((ptr, n, where))
+
+    block = 2 << 20
+    for size, threads in [(7 * block + 4096, 4), (block, 8), (33 * block, 16)]:
+        rec = Recorder()
+        populate_probe.parallel_prefetch(rec, 1 << 40, size, 2, threads)()  # type: ignore[arg-type]
+        spans = sorted((p, n) for p, n, _ in rec.calls)
+        assert all(w == 2 for _, _, w in rec.calls)
+        assert spans[0][0] == 1 << 40 and all((p - (1 << 40)) % block == 0 for p, _ in spans)
+        assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(spans))
+        assert spans[-1][0] + spans[-1][1] == (1 << 40) + size
+        assert len(spans) <= threads
+
+
+def test_populate_probe_reads_bandwidth_and_placement() -> None:
+    from bench import populate_probe
+
+    span = populate_probe.Span(1 << 30, 4 << 20)
+    iface = span.__cuda_array_interface__
+    assert iface["shape"] == ((4 << 20) // 4,) and iface["data"] == (1 << 30, False)
+    assert populate_probe.gbps(2 * 10**9, 0.5) == 4.0
+    assert populate_probe.gbps(1, None) is None
+    gib = 1 << 30
+    assert populate_probe.placement(gib, 0.0005) == "gpu"  # HBM: 2 TB/s
+    assert populate_probe.placement(gib, 0.05) == "host"  # PCIe: 21 GB/s

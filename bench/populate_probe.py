@@ -1,0 +1,347 @@
+"""What it costs to bring fresh managed pages into existence, by route (issue 8, "a
+segment's first use does not pay for fault-driven population"; Listing 1's first run).
+
+    python bench/populate_probe.py [GiB] [--json FILE]      # on the GPU host
+
+Every route takes a fresh ``cudaMallocManaged`` range of GiB (default 2), straight
+through libcudart (the engine is not in the way), and times:
+
+- ``populate``: the step that creates the pages, if the route has one: a prefetch to the
+  host (the engine's MapHost today), a prefetch to the GPU (PlaceOnDevice), or a CPU
+  ``memset`` split over N host threads;
+- ``first write``: a GPU kernel (``fill_``) over the whole range right after it;
+- ``again``: the same kernel once more, with every page in place (link speed when the
+  range lives in host RAM, HBM speed on the GPU);
+- for the copy routes, a ``cudaMemcpy`` from ordinary pageable host memory into the range
+  (Listing 1's ``x_cpu.to("cuda")``), against the same copy into ``cudaMalloc`` memory.
+
+Host-placed routes set PreferredLocation=host and AccessedBy=GPU first, as the engine
+does. Where each range ended up is read from how long a GPU read of it takes. At most two
+ranges exist at once, and the probe refuses to run if that is over 80 % of free GPU memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, threaded
+
+GiB = 1 << 30
+COPY_DEFAULT = 4  # cudaMemcpyDefault
+
+
+class Span:
+    """A byte range of device-visible memory that torch can wrap without owning it."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.ptr, self.nbytes = ptr, nbytes
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {
+            "shape": (self.nbytes // 4,),
+            "typestr": "<f4",
+            "data": (self.ptr, False),
+            "version": 3,
+            "stream": None,
+        }
+
+
+def gbps(nbytes: int, seconds: float | None) -> float | None:
+    """Bandwidth in GB/s of moving nbytes in seconds; None for a step a route lacks."""
+    if seconds is None:
+        return None
+    return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+
+
+def placement(nbytes: int, read_seconds: float) -> str:
+    """Where a GPU read says the range lives: HBM reads take well under 1 ms per GiB, a
+    read over PCIe (mapped or migrated) at least 15 ms per GiB."""
+    return "gpu" if read_seconds < 2e-3 * nbytes / GiB else "host"
+
+
+def cpu_memset(ptr: int, nbytes: int, threads: int) -> Callable[[], None]:
+    """Zero the range from the CPU, split over threads (ctypes releases the GIL)."""
+    step = -(-nbytes // threads // 4096) * 4096  # whole pages, rounded up
+
+    def part(k: int) -> Callable[[], None]:
+        lo = k * step
+        size = max(0, min(step, nbytes - lo))
+
+        def go() -> None:
+            ctypes.memset(ptr + lo, 0, size)
+
+        return go
+
+    return lambda: threaded([part(k) for k in range(threads)])
+
+
+def parallel_prefetch(
+    cuda: Cuda, ptr: int, nbytes: int, where: int, threads: int
+) -> Callable[[], None]:
+    """Prefetch the range in equal parts, one call per thread (the driver does a prefetch
+    to the host on the calling thread)."""
+    step = -(-nbytes // threads // (2 << 20)) * (2 << 20)  # whole 2 MiB blocks, rounded up
+
+    def part(k: int) -> Callable[[], None]:
+        lo = k * step
+        size = max(0, min(step, nbytes - lo))
+
+        def go() -> None:
+            if size:
+                cuda.prefetch(ptr + lo, size, where)
+
+        return go
+
+    return lambda: threaded([part(k) for k in range(threads)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("gib", nargs="?", type=float, default=2.0)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    cuda = Cuda()
+    n = int(args.gib * GiB) // (2 << 20) * (2 << 20)
+    free = cuda.free_bytes()
+    if 2 * n > 0.8 * free:
+        raise SystemExit(
+            f"two ranges of {n / GiB:.1f} GiB are more than 80 % of the {free / GiB:.0f} GiB "
+            "of free GPU memory: pass a smaller size"
+        )
+    cuda.rt.cudaFree.argtypes = [ctypes.c_void_p]
+
+    def timed(fn: Callable[[], object]) -> float:
+        cuda.sync()
+        t0 = time.perf_counter()
+        fn()
+        cuda.sync()
+        return time.perf_counter() - t0
+
+    def view(ptr: int) -> Any:
+        return torch.as_tensor(Span(ptr, n), device="cuda")
+
+    def advise_host(ptr: int) -> None:
+        cuda.advise(ptr, n, PREFERRED, HOST)
+        cuda.advise(ptr, n, ACCESSED_BY, DEVICE)
+
+    rows: list[dict[str, Any]] = []
+
+    def route(
+        name: str,
+        advice: Callable[[int], None] | None,
+        populate: Callable[[int], Callable[[], None]] | None,
+    ) -> None:
+        ptr = cuda.managed(n)
+        try:
+            if advice is not None:
+                advice(ptr)
+            t_pop = timed(populate(ptr)) if populate is not None else None
+            t = view(ptr)
+            t_first = timed(lambda: t.fill_(1.0))
+            t_again = timed(lambda: t.fill_(2.0))
+            t_read = timed(lambda: t.sum().item())
+            ok = bool((t[:: max(1, t.numel() // 4096)] == 2.0).all().item())
+        finally:
+            cuda.check(cuda.rt.cudaFree(ptr), "cudaFree")
+        rows.append(
+            {
+                "route": name,
+                "populate_s": t_pop,
+                "first_write_s": t_first,
+                "again_s": t_again,
+                "populate_GBps": gbps(n, t_pop),
+                "first_write_GBps": gbps(n, t_first),
+                "populate_and_write_GBps": gbps(n, (t_pop or 0.0) + t_first),
+                "again_GBps": gbps(n, t_again),
+                "lives_on": placement(n, t_read),
+                "data_ok": ok,
+            }
+        )
+
+    def prefetch_to(where: int) -> Callable[[int], Callable[[], None]]:
+        return lambda ptr: lambda: cuda.prefetch(ptr, n, where)
+
+    route("gpu: no advice, written by faults", None, None)
+    route("gpu: prefetch to the GPU, then written (PlaceOnDevice)", None, prefetch_to(DEVICE))
+    route(
+        "host: prefetch to the host, then written (MapHost today)", advise_host, prefetch_to(HOST)
+    )
+    route("host: advice only, written by faults", advise_host, None)
+
+    def by_cpu(threads: int) -> Callable[[int], Callable[[], None]]:
+        return lambda ptr: cpu_memset(ptr, n, threads)
+
+    def by_prefetches(threads: int) -> Callable[[int], Callable[[], None]]:
+        return lambda ptr: parallel_prefetch(cuda, ptr, n, HOST, threads)
+
+    for threads in (1, 4, 8, 16):
+        route(
+            f"host: CPU memset on {threads} thread(s), then written", advise_host, by_cpu(threads)
+        )
+    for threads in (4, 8, 16):
+        route(
+            f"host: prefetch to the host from {threads} threads, then written",
+            advise_host,
+            by_prefetches(threads),
+        )
+
+    # Listing 1's copy in: pageable host memory into the range.
+    src = torch.empty(n // 4, dtype=torch.float32).uniform_(-4, 4)
+    copies: list[dict[str, Any]] = []
+
+    def copy_route(name: str, prepare: Callable[[int], None] | None) -> None:
+        ptr = cuda.managed(n)
+        try:
+            if prepare is not None:
+                prepare(ptr)
+                cuda.sync()
+            fn = lambda: cuda.check(  # noqa: E731
+                cuda.rt.cudaMemcpy(ptr, src.data_ptr(), n, COPY_DEFAULT), "cudaMemcpy"
+            )
+            t_first, t_again = timed(fn), timed(fn)
+            t = view(ptr)
+            t_read = timed(lambda: t.sum().item())
+            ok = bool(
+                torch.equal(t[:1024].cpu(), src[:1024])
+                and torch.equal(t[-1024:].cpu(), src[-1024:])
+            )
+        finally:
+            cuda.check(cuda.rt.cudaFree(ptr), "cudaFree")
+        copies.append(
+            {
+                "route": name,
+                "first_s": t_first,
+                "again_s": t_again,
+                "first_GBps": gbps(n, t_first),
+                "again_GBps": gbps(n, t_again),
+                "lives_on": placement(n, t_read),
+                "data_ok": ok,
+            }
+        )
+
+    def plain_copy() -> None:
+        dst = torch.empty(n // 4, dtype=torch.float32, device="cuda")
+        t0 = timed(lambda: dst.copy_(src))
+        t1 = timed(lambda: dst.copy_(src))
+        copies.append(
+            {
+                "route": "cudaMalloc (stock)",
+                "first_s": t0,
+                "again_s": t1,
+                "first_GBps": gbps(n, t0),
+                "again_GBps": gbps(n, t1),
+                "lives_on": "gpu",
+                "data_ok": bool(torch.equal(dst[:1024].cpu(), src[:1024])),
+            }
+        )
+
+    plain_copy()
+    torch.cuda.empty_cache()
+    copy_route("managed, no advice", None)
+    copy_route("managed, prefetched to the GPU", lambda p: cuda.prefetch(p, n, DEVICE))
+    copy_route("managed, host advice only", advise_host)
+
+    def advise_and_prefetch_host(ptr: int) -> None:
+        advise_host(ptr)
+        cuda.prefetch(ptr, n, HOST)
+
+    copy_route("managed, host advice, prefetched to the host", advise_and_prefetch_host)
+
+    # What a route leaves behind, in pairs taken twice over (A, B, A, B) to show the noise:
+    # a copy out of a host-placed range into populated pageable memory (Listing 1's copy
+    # out, without the program's own first touch), and the first eviction of a range placed
+    # on the GPU, its host pages never made or made by CPU threads before the placement.
+    dst_host = torch.empty_like(src).fill_(0)
+    later: list[dict[str, Any]] = []
+
+    def after(name: str, prepare: Callable[[int], None], measure: Callable[[int], None]) -> None:
+        ptr = cuda.managed(n)
+        try:
+            prepare(ptr)
+            cuda.sync()
+            later.append({"route": name, "GBps": gbps(n, timed(lambda: measure(ptr)))})
+        finally:
+            cuda.check(cuda.rt.cudaFree(ptr), "cudaFree")
+
+    def written(populate: Callable[[int], Callable[[], None]]) -> Callable[[int], None]:
+        def go(ptr: int) -> None:
+            advise_host(ptr)
+            populate(ptr)()
+            view(ptr).fill_(3.0)
+
+        return go
+
+    def placed(cpu_first: bool) -> Callable[[int], None]:
+        def go(ptr: int) -> None:
+            advise_host(ptr)
+            if cpu_first:
+                cpu_memset(ptr, n, 8)()
+            cuda.prefetch(ptr, n, DEVICE)
+            view(ptr).fill_(4.0)
+
+        return go
+
+    def copy_out(ptr: int) -> None:
+        cuda.check(cuda.rt.cudaMemcpy(dst_host.data_ptr(), ptr, n, COPY_DEFAULT), "cudaMemcpy")
+
+    for _ in range(2):
+        after("copy out of host pages made by a prefetch", written(prefetch_to(HOST)), copy_out)
+        after(
+            "copy out of host pages made by 8 CPU threads",
+            written(lambda ptr: cpu_memset(ptr, n, 8)),
+            copy_out,
+        )
+    for _ in range(2):
+        after(
+            "first eviction, host pages never made",
+            placed(False),
+            lambda ptr: cuda.prefetch(ptr, n, HOST),
+        )
+        after(
+            "first eviction, host pages made by CPU threads before placement",
+            placed(True),
+            lambda ptr: cuda.prefetch(ptr, n, HOST),
+        )
+
+    for r in rows:
+        cells = "  ".join(
+            f"{k} {r[k + '_GBps']:6.1f}" if r[k + "_GBps"] is not None else f"{k}    -  "
+            for k in ("populate", "first_write", "populate_and_write", "again")
+        )
+        print(f"{r['route']:58s} {cells}  GB/s  on {r['lives_on']}  ok {r['data_ok']}")
+    for r in copies:
+        print(
+            f"copy in, {r['route']:44s} first {r['first_GBps']:6.1f}  again "
+            f"{r['again_GBps']:6.1f} GB/s  on {r['lives_on']}  ok {r['data_ok']}"
+        )
+    for r in later:
+        print(f"after: {r['route']:64s} {r['GBps']:6.1f} GB/s")
+    ok = all(r["data_ok"] for r in rows + copies)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "bytes": n,
+                    "free_at_start": free,
+                    "routes": rows,
+                    "copies": copies,
+                    "after": later,
+                    "data_ok": ok,
+                },
+                f,
+                indent=1,
+            )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
