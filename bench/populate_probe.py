@@ -1,7 +1,7 @@
 """What it costs to bring fresh managed pages into existence, by route (issue 8, "a
 segment's first use does not pay for fault-driven population"; Listing 1's first run).
 
-    python bench/populate_probe.py [GiB] [--json FILE]      # on the GPU host
+    python -m bench.populate_probe [GiB] [--json FILE] [--discards-only]   # on the GPU host
 
 Every route takes a fresh ``cudaMallocManaged`` range of GiB (default 2), straight
 through libcudart (the engine is not in the way), and times:
@@ -14,6 +14,10 @@ through libcudart (the engine is not in the way), and times:
   range lives in host RAM, HBM speed on the GPU);
 - for the copy routes, a ``cudaMemcpy`` from ordinary pageable host memory into the range
   (Listing 1's ``x_cpu.to("cuda")``), against the same copy into ``cudaMalloc`` memory.
+
+Then (or only, with ``--discards-only``) it checks that data written after a discard
+survives, for host pages made by a prefetch and by CPU writes (``discard_checks``); the
+exit status is 1 if any route lost data.
 
 Host-placed routes set PreferredLocation=host and AccessedBy=GPU first, as the engine
 does. Where each range ended up is read from how long a GPU read of it takes. At most two
@@ -102,12 +106,101 @@ def parallel_prefetch(
     return lambda: threaded([part(k) for k in range(threads)])
 
 
+def discard_checks(cuda: Cuda, torch: Any, nbytes: int) -> list[dict[str, Any]]:
+    """Does data written after a discard survive, by how the host pages were made?
+
+    The engine discards dead chunks (cudaMemDiscardBatchAsync) and brings a reused one back
+    by a prefetch to the host or to the GPU (Note [Dead content is prefetched, not
+    discarded]). For each way of making host pages, where the range lived before the
+    discard, where it is prefetched after it, and the writer after that (a kernel, or a
+    CUDA graph captured before the discard, as torch.compile's reduce-overhead mode
+    replays), a host-advised range is made and written, moved to the GPU or not,
+    discarded, prefetched, written again and checked element by element."""
+    if not hasattr(cuda.rt, "cudaMemDiscardBatchAsync"):
+        return []  # before CUDA 13
+    discard_batch = cuda.rt.cudaMemDiscardBatchAsync
+    discard_batch.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_size_t,
+        ctypes.c_ulonglong,
+        ctypes.c_void_p,
+    ]
+    where = {"host": HOST, "gpu": DEVICE}
+    makers: dict[str, Callable[[int], None]] = {
+        "a prefetch to the host": lambda ptr: cuda.prefetch(ptr, nbytes, HOST),
+        "CPU writes from 8 threads": lambda ptr: cpu_memset(ptr, nbytes, 8)(),
+    }
+
+    def check(made: str, before: str, after: str, writer: str) -> int:
+        """Elements that do not hold the value written after the discard."""
+        ptr = cuda.managed(nbytes)
+        try:
+            cuda.advise(ptr, nbytes, PREFERRED, HOST)
+            cuda.advise(ptr, nbytes, ACCESSED_BY, DEVICE)
+            makers[made](ptr)
+            cuda.sync()
+            t = torch.as_tensor(Span(ptr, nbytes), device="cuda")
+            t.fill_(1.0)
+            if before == "gpu":
+                cuda.prefetch(ptr, nbytes, DEVICE)
+                t.fill_(2.0)
+            graph = None
+            if writer == "graph":
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    t.fill_(5.0)
+            torch.cuda.synchronize()
+            ptrs = (ctypes.c_void_p * 1)(ptr)
+            sizes = (ctypes.c_size_t * 1)(nbytes)
+            cuda.check(discard_batch(ptrs, sizes, 1, 0, None), "cudaMemDiscardBatchAsync")
+            cuda.prefetch(ptr, nbytes, where[after])
+            cuda.sync()
+            if graph is not None:
+                graph.replay()
+            else:
+                t.fill_(5.0)
+            torch.cuda.synchronize()
+            return int((t != 5.0).sum().item())
+        finally:
+            torch.cuda.synchronize()
+            cuda.check(cuda.rt.cudaFree(ptr), "cudaFree")
+
+    return [
+        {
+            "pages_made_by": made,
+            "lived_on_before_discard": before,
+            "prefetched_to_after": after,
+            "writer": writer,
+            "wrong_elements": check(made, before, after, writer),
+        }
+        for made in makers
+        for before in where
+        for after in where
+        for writer in ("kernel", "graph")
+    ]
+
+
+def print_discards(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        print(
+            f"discard, pages made by {r['pages_made_by']:26s} lived on "
+            f"{r['lived_on_before_discard']:4s} prefetched to {r['prefetched_to_after']:4s} "
+            f"written by a {r['writer']:6s}: {r['wrong_elements']} wrong elements"
+        )
+    if not rows:
+        print("discard checks skipped: this libcudart has no cudaMemDiscardBatchAsync")
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gib", nargs="?", type=float, default=2.0)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument(
+        "--discards-only", action="store_true", help="only check data written after discards"
+    )
     args = ap.parse_args(argv)
     cuda = Cuda()
     n = int(args.gib * GiB) // (2 << 20) * (2 << 20)
@@ -118,6 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             "of free GPU memory: pass a smaller size"
         )
     cuda.rt.cudaFree.argtypes = [ctypes.c_void_p]
+    if args.discards_only:
+        discards = discard_checks(cuda, torch, min(n, 256 << 20))
+        print_discards(discards)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"bytes": min(n, 256 << 20), "discards": discards}, f, indent=1)
+        return 1 if any(r["wrong_elements"] for r in discards) else 0
 
     def timed(fn: Callable[[], object]) -> float:
         cuda.sync()
@@ -323,9 +423,11 @@ def main(argv: list[str] | None = None) -> int:
             f"copy in, {r['route']:44s} first {r['first_GBps']:6.1f}  again "
             f"{r['again_GBps']:6.1f} GB/s  on {r['lives_on']}  ok {r['data_ok']}"
         )
+    discards = discard_checks(cuda, torch, min(n, 256 << 20))
     for r in later:
         print(f"after: {r['route']:64s} {r['GBps']:6.1f} GB/s")
-    ok = all(r["data_ok"] for r in rows + copies)
+    print_discards(discards)
+    ok = all(r["data_ok"] for r in rows + copies) and not any(r["wrong_elements"] for r in discards)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -335,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                     "routes": rows,
                     "copies": copies,
                     "after": later,
+                    "discards": discards,
                     "data_ok": ok,
                 },
                 f,
