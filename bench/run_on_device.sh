@@ -22,6 +22,7 @@ OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/torch-um-stage.XXXXXX")
 trap 'rm -rf "$STAGE"' EXIT
+source tests/gpu/owned.sh
 STOCK=${PYTHONPATH:-}
 # Another version than the installed torch (see tests/gpu/run_version_on_device.sh, which
 # joins its wheel): TORCH_WHEEL and NVIDIA_LIBS stage both torches from that wheel.
@@ -62,9 +63,8 @@ run() {
   local extra=()
   if [ "$bench" = residency ] || [ "$bench" = oversubscribe ]; then extra=("${PREV_ARGS[@]}"); fi
   echo "== bench.$bench $*"
-  "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" --um-pythonpath "$UM" --out "$OUT" \
-    "${extra[@]}" "$@" \
-    2>&1 | tee "$OUT/$log.log"
+  owned "$OUT/$log.log" "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" \
+    --um-pythonpath "$UM" --out "$OUT" "${extra[@]}" "$@"
 }
 if [ "$#" -gt 0 ]; then
   run "$@"

@@ -95,9 +95,10 @@ print("engine", torch.cuda.um.engine_library(), "injection", torch.cuda.um.injec
 print("config", torch.cuda.um.get_config())
 EOF
 
-timeout -k 10 500 "$PY" -m pytest tests/gpu -v -rA -s -p no:cacheprovider \
-  --junitxml="$OUT/junit.xml" -o junit_family=xunit2 --durations=15 "$@" 2>&1 \
-  | tee "$OUT/pytest.log"
-rc=${PIPESTATUS[0]}
+source tests/gpu/owned.sh
+rc=0
+owned "$OUT/pytest.log" timeout -k 10 500 "$PY" -m pytest tests/gpu -v -rA -s \
+  -p no:cacheprovider --junitxml="$OUT/junit.xml" -o junit_family=xunit2 --durations=15 \
+  "$@" || rc=$?
 echo "pytest exit code: $rc" | tee -a "$OUT/pytest.log"
 exit "$rc"

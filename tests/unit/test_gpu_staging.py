@@ -166,3 +166,56 @@ def test_host_extras_joins_and_unpacks_a_library_and_a_package(tmp_path: Path) -
     extras.write_text(json.dumps({"9.9.9": [{**entries[0], "sha256": "0" * 64}]}))
     with pytest.raises(ship.ShipError, match="these are parts of another file"):
         host_extras.prepare("9.9.9", bundle, ship_dir, work, extras)
+
+
+OWNED = Path(__file__).resolve().parents[1] / "gpu" / "owned.sh"
+
+
+def _runner(tmp_path: Path, child: str) -> str:
+    return (
+        f"source {OWNED}\nrc=0\nowned {tmp_path}/log.txt bash -c '{child}' || rc=$?\n"
+        f'echo "status $rc" >> {tmp_path}/log.txt\n'
+    )
+
+
+def test_a_stopped_gpu_runner_takes_its_job_with_it(tmp_path: Path) -> None:
+    """tests/gpu/owned.sh: a TERM to the runner stops the job it runs (which would
+    otherwise go on using the GPU), the runner goes on once the job has ended, and the
+    log holds all the job wrote."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pidfile = tmp_path / "child.pid"
+    child = f"echo $$ > {pidfile}; echo one; echo two; exec sleep 60"
+    runner = subprocess.Popen(["bash", "-c", _runner(tmp_path, child)])
+    try:
+        for _ in range(200):
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            time.sleep(0.05)
+        job = int(pidfile.read_text())
+        time.sleep(0.2)
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=20) == 0  # the runner went on after the job ended
+    finally:
+        runner.kill()
+    with pytest.raises(ProcessLookupError):
+        os.kill(job, 0)
+    assert (tmp_path / "log.txt").read_text().splitlines() == ["one", "two", "status 143"]
+
+
+def test_a_gpu_runner_passes_its_jobs_status_and_output_on(tmp_path: Path) -> None:
+    import subprocess
+
+    done = subprocess.run(
+        ["bash", "-c", _runner(tmp_path, "echo out; echo err >&2; exit 3")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0
+    assert sorted(done.stdout.split()) == ["err", "out"]  # shown as well as logged
+    lines = (tmp_path / "log.txt").read_text().splitlines()
+    assert sorted(lines[:2]) == ["err", "out"] and lines[2] == "status 3"
