@@ -18,6 +18,7 @@ is more than 80 % of the free GPU memory. Prints one line per route in GB/s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import glob
 import json
@@ -25,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 GiB = 1 << 30
 HOST, DEVICE = 2, 1  # cudaMemLocationType
@@ -78,6 +79,17 @@ class Cuda:
         )
         assert p.value is not None
         return p.value
+
+    @contextlib.contextmanager
+    def fresh(self, nbytes: int) -> Iterator[int]:
+        """A new managed range of nbytes, freed on leaving (after the device is idle)."""
+        ptr = self.managed(nbytes)
+        try:
+            yield ptr
+        finally:
+            self.sync()
+            self.rt.cudaFree.argtypes = [ctypes.c_void_p]
+            self.check(self.rt.cudaFree(ptr), "cudaFree")
 
     def stream(self) -> int:
         s = ctypes.c_void_p()

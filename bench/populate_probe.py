@@ -30,11 +30,10 @@ import argparse
 import ctypes
 import json
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, threaded
+from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, threaded, timed
 
 GiB = 1 << 30
 COPY_DEFAULT = 4  # cudaMemcpyDefault
@@ -70,40 +69,39 @@ def placement(nbytes: int, read_seconds: float) -> str:
     return "gpu" if read_seconds < 2e-3 * nbytes / GiB else "host"
 
 
+def parts(nbytes: int, threads: int, align: int) -> list[tuple[int, int]]:
+    """(offset, size) of up to ``threads`` parts of a range, each starting on ``align``,
+    that cover it once."""
+    step = max(1, -(-nbytes // threads // align)) * align  # whole units, rounded up
+    return [(lo, min(step, nbytes - lo)) for lo in range(0, nbytes, step)]
+
+
 def cpu_memset(ptr: int, nbytes: int, threads: int) -> Callable[[], None]:
-    """Zero the range from the CPU, split over threads (ctypes releases the GIL)."""
-    step = -(-nbytes // threads // 4096) * 4096  # whole pages, rounded up
+    """Zero the range from the CPU, a page-aligned part per thread (ctypes releases the
+    GIL)."""
 
-    def part(k: int) -> Callable[[], None]:
-        lo = k * step
-        size = max(0, min(step, nbytes - lo))
-
+    def part(lo: int, size: int) -> Callable[[], None]:
         def go() -> None:
             ctypes.memset(ptr + lo, 0, size)
 
         return go
 
-    return lambda: threaded([part(k) for k in range(threads)])
+    return lambda: threaded([part(lo, n) for lo, n in parts(nbytes, threads, 4096)])
 
 
 def parallel_prefetch(
     cuda: Cuda, ptr: int, nbytes: int, where: int, threads: int
 ) -> Callable[[], None]:
-    """Prefetch the range in equal parts, one call per thread (the driver does a prefetch
-    to the host on the calling thread)."""
-    step = -(-nbytes // threads // (2 << 20)) * (2 << 20)  # whole 2 MiB blocks, rounded up
+    """Prefetch the range in 2 MiB-aligned parts, one call per thread (the driver does a
+    prefetch to the host on the calling thread)."""
 
-    def part(k: int) -> Callable[[], None]:
-        lo = k * step
-        size = max(0, min(step, nbytes - lo))
-
+    def part(lo: int, size: int) -> Callable[[], None]:
         def go() -> None:
-            if size:
-                cuda.prefetch(ptr + lo, size, where)
+            cuda.prefetch(ptr + lo, size, where)
 
         return go
 
-    return lambda: threaded([part(k) for k in range(threads)])
+    return lambda: threaded([part(lo, n) for lo, n in parts(nbytes, threads, 2 << 20)])
 
 
 def discard_checks(cuda: Cuda, torch: Any, nbytes: int) -> list[dict[str, Any]]:
@@ -134,8 +132,7 @@ def discard_checks(cuda: Cuda, torch: Any, nbytes: int) -> list[dict[str, Any]]:
 
     def check(made: str, before: str, after: str, writer: str) -> int:
         """Elements that do not hold the value written after the discard."""
-        ptr = cuda.managed(nbytes)
-        try:
+        with cuda.fresh(nbytes) as ptr:
             cuda.advise(ptr, nbytes, PREFERRED, HOST)
             cuda.advise(ptr, nbytes, ACCESSED_BY, DEVICE)
             makers[made](ptr)
@@ -162,9 +159,6 @@ def discard_checks(cuda: Cuda, torch: Any, nbytes: int) -> list[dict[str, Any]]:
                 t.fill_(5.0)
             torch.cuda.synchronize()
             return int((t != 5.0).sum().item())
-        finally:
-            torch.cuda.synchronize()
-            cuda.check(cuda.rt.cudaFree(ptr), "cudaFree")
 
     return [
         {
@@ -193,8 +187,6 @@ def print_discards(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gib", nargs="?", type=float, default=2.0)
     ap.add_argument("--json", help="write the rows here")
@@ -202,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         "--discards-only", action="store_true", help="only check data written after discards"
     )
     args = ap.parse_args(argv)
+    import torch
+
     cuda = Cuda()
     n = int(args.gib * GiB) // (2 << 20) * (2 << 20)
     free = cuda.free_bytes()
@@ -210,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
             f"two ranges of {n / GiB:.1f} GiB are more than 80 % of the {free / GiB:.0f} GiB "
             "of free GPU memory: pass a smaller size"
         )
-    cuda.rt.cudaFree.argtypes = [ctypes.c_void_p]
     if args.discards_only:
         discards = discard_checks(cuda, torch, min(n, 256 << 20))
         print_discards(discards)
@@ -219,12 +212,11 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump({"bytes": min(n, 256 << 20), "discards": discards}, f, indent=1)
         return 1 if any(r["wrong_elements"] for r in discards) else 0
 
-    def timed(fn: Callable[[], object]) -> float:
-        cuda.sync()
-        t0 = time.perf_counter()
-        fn()
-        cuda.sync()
-        return time.perf_counter() - t0
+    def timed_(fn: Callable[[], object]) -> float:
+        return timed(cuda, fn)
+
+    # The first fill and sum of the process load their kernels: not the first route's cost.
+    torch.ones(1024, device="cuda").fill_(1.0).sum().item()
 
     def view(ptr: int) -> Any:
         return torch.as_tensor(Span(ptr, n), device="cuda")
@@ -240,18 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         advice: Callable[[int], None] | None,
         populate: Callable[[int], Callable[[], None]] | None,
     ) -> None:
-        ptr = cuda.managed(n)
-        try:
+        with cuda.fresh(n) as ptr:
             if advice is not None:
                 advice(ptr)
-            t_pop = timed(populate(ptr)) if populate is not None else None
+            t_pop = timed_(populate(ptr)) if populate is not None else None
             t = view(ptr)
-            t_first = timed(lambda: t.fill_(1.0))
-            t_again = timed(lambda: t.fill_(2.0))
-            t_read = timed(lambda: t.sum().item())
+            t_first = timed_(lambda: t.fill_(1.0))
+            t_again = timed_(lambda: t.fill_(2.0))
+            t_read = timed_(lambda: t.sum().item())
             ok = bool((t[:: max(1, t.numel() // 4096)] == 2.0).all().item())
-        finally:
-            cuda.check(cuda.rt.cudaFree(ptr), "cudaFree")
         rows.append(
             {
                 "route": name,
@@ -299,23 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     copies: list[dict[str, Any]] = []
 
     def copy_route(name: str, prepare: Callable[[int], None] | None) -> None:
-        ptr = cuda.managed(n)
-        try:
+        with cuda.fresh(n) as ptr:
             if prepare is not None:
                 prepare(ptr)
                 cuda.sync()
             fn = lambda: cuda.check(  # noqa: E731
                 cuda.rt.cudaMemcpy(ptr, src.data_ptr(), n, COPY_DEFAULT), "cudaMemcpy"
             )
-            t_first, t_again = timed(fn), timed(fn)
+            t_first, t_again = timed_(fn), timed_(fn)
             t = view(ptr)
-            t_read = timed(lambda: t.sum().item())
+            t_read = timed_(lambda: t.sum().item())
             ok = bool(
                 torch.equal(t[:1024].cpu(), src[:1024])
                 and torch.equal(t[-1024:].cpu(), src[-1024:])
             )
-        finally:
-            cuda.check(cuda.rt.cudaFree(ptr), "cudaFree")
         copies.append(
             {
                 "route": name,
@@ -330,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def plain_copy() -> None:
         dst = torch.empty(n // 4, dtype=torch.float32, device="cuda")
-        t0 = timed(lambda: dst.copy_(src))
-        t1 = timed(lambda: dst.copy_(src))
+        t0 = timed_(lambda: dst.copy_(src))
+        t1 = timed_(lambda: dst.copy_(src))
         copies.append(
             {
                 "route": "cudaMalloc (stock)",
@@ -364,13 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     later: list[dict[str, Any]] = []
 
     def after(name: str, prepare: Callable[[int], None], measure: Callable[[int], None]) -> None:
-        ptr = cuda.managed(n)
-        try:
+        with cuda.fresh(n) as ptr:
             prepare(ptr)
             cuda.sync()
-            later.append({"route": name, "GBps": gbps(n, timed(lambda: measure(ptr)))})
-        finally:
-            cuda.check(cuda.rt.cudaFree(ptr), "cudaFree")
+            later.append({"route": name, "GBps": gbps(n, timed_(lambda: measure(ptr)))})
 
     def written(populate: Callable[[int], Callable[[], None]]) -> Callable[[int], None]:
         def go(ptr: int) -> None:

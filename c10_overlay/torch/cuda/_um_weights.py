@@ -157,7 +157,9 @@ class _Call:
     def __init__(self, module: torch.nn.Module, params: list[tuple[str, torch.Tensor]]) -> None:
         self.module = weakref.ref(module)
         self.names = tuple(n for n, _ in params)
-        self.keys = tuple((p.untyped_storage().data_ptr(), p.nbytes) for _, p in params)
+        # A streamable parameter starts its storage (_streamable): its data pointer is
+        # the storage's, which is how repeats() and _issue() compare it.
+        self.keys = tuple((p.data_ptr(), p.nbytes) for _, p in params)
 
     def repeats(self, module: torch.nn.Module) -> bool:
         """Whether calling ``module`` now repeats this call: the same module, with the
