@@ -150,7 +150,12 @@ def discard_checks(cuda: Cuda, torch: Any, nbytes: int) -> list[dict[str, Any]]:
             torch.cuda.synchronize()
             ptrs = (ctypes.c_void_p * 1)(ptr)
             sizes = (ctypes.c_size_t * 1)(nbytes)
-            cuda.check(discard_batch(ptrs, sizes, 1, 0, None), "cudaMemDiscardBatchAsync")
+            # Not on the legacy NULL stream: the call refuses it (invalid argument).
+            side = torch.cuda.Stream()
+            cuda.check(
+                discard_batch(ptrs, sizes, 1, 0, side.cuda_stream), "cudaMemDiscardBatchAsync"
+            )
+            side.synchronize()
             cuda.prefetch(ptr, nbytes, where[after])
             cuda.sync()
             if graph is not None:

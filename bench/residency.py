@@ -59,7 +59,9 @@ and its median over the STEPS timed ones is one sample. A UM worker reads free G
 first and sets the engine's total-managed cap to 80 % of it (bench/common.py: safe_cap), with
 its budget and policy, before any CUDA allocation. A worker that runs out of memory records
 ``{"oom": true}``; any other failure, a crash or a timeout is an ``error`` sample; neither
-stops the run.
+stops the run. A UM worker's sample keeps the engine's counters per timed step
+(``timed_counters``: the differences over the STEPS timed steps over STEPS, levels as they
+end), beside its totals over the whole run (``um_stats``, warm-up steps included).
 
 The PCIe floor. A ``link`` worker (stock torch, plain cudaMalloc) measures page-locked copies
 of 1 GiB, best of 3: ``h2d`` and ``d2h`` one way at a time, and ``both``, the bytes per second
@@ -108,6 +110,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    LEVELS,
     BenchError,
     GiB,
     cell,
@@ -312,6 +315,8 @@ def summarize(
     for mode, sec in modes.items():
         runs = [s for s in samples if s["mode"] == mode]
         diffs = [d for s in runs if (d := agreement(workload, ref, s)) is not None]
+        if mode == SINGLE:
+            diffs = []  # one GPU trains on other tokens than the ranks: nothing to compare
         firsts = [s["first_step_s"] for s in runs if _ok(s)]
         rows[mode] = {
             "seconds": sec,
@@ -566,6 +571,17 @@ PHASE_COUNTERS = (
 )
 
 
+def engine_counters(um: Any) -> dict[str, int]:
+    """The engine counters of PHASE_COUNTERS and the predictor's (none for stock)."""
+    if um is None:
+        return {}
+    st = um.stats()
+    out = {k: int(st.get(f"um.{k}", 0)) for k in PHASE_COUNTERS}
+    if hasattr(um, "predict_stats"):  # um-predict: its counters too
+        out.update((k, int(v)) for k, v in um.predict_stats().items())
+    return out
+
+
 class _PhaseClock:
     """Seconds and engine-counter differences per phase of a training step (--phases)."""
 
@@ -574,13 +590,7 @@ class _PhaseClock:
         self.steps: list[dict[str, Any]] = []
 
     def _counters(self) -> dict[str, int]:
-        if self.um is None:
-            return {}
-        st = self.um.stats()
-        out = {k: int(st.get(f"um.{k}", 0)) for k in PHASE_COUNTERS}
-        if hasattr(self.um, "predict_stats"):  # um-predict: its counters too
-            out.update((k, int(v)) for k, v in self.um.predict_stats().items())
-        return out
+        return engine_counters(self.um)
 
     def start(self) -> None:
         self.t, self.c = time.perf_counter(), self._counters()
@@ -662,8 +672,10 @@ def _run(
         # stop the phases from overlapping), so the timed medians of a run with phases are
         # not compared with one without.
         mark = _PhaseClock(torch, um) if phases else None
-        for _ in range(warmup + steps):
+        for i in range(warmup + steps):
             torch.cuda.synchronize()
+            if i == warmup:
+                before = engine_counters(um)
             t0 = time.perf_counter()
             if mark:
                 mark.start()
@@ -685,8 +697,10 @@ def _run(
         info["warmup"] = warmup
     else:
         with torch.inference_mode():
-            for _ in range(warmup + steps):
+            for i in range(warmup + steps):
                 torch.cuda.synchronize()
+                if i == warmup:
+                    before = engine_counters(um)
                 t0 = time.perf_counter()
                 logits = model(ids).logits
                 torch.cuda.synchronize()
@@ -701,6 +715,13 @@ def _run(
         max_reserved_bytes=int(torch.cuda.max_memory_reserved()),
     )
     info["losses" if workload in TRAINING else "checksums"] = values
+    if um is not None and steps > 0:
+        # The engine's counters over the timed steps alone (the totals below include the
+        # warm-up steps, where a run settles): per step, what a steady step moves.
+        change = counter_change(before, engine_counters(um))
+        info["timed_counters"] = {
+            k: v if k.endswith(LEVELS) else v / steps for k, v in change.items()
+        }
     if um is not None:
         stats = um.stats()
         if stats.get("um.managed_bytes", 0) <= 0:
@@ -715,7 +736,8 @@ def _run(
 def merge_ranks(ranks: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     """ddp: the ranks' records as one. The first rank that ran out of memory or failed
     decides it; otherwise each step takes the slower rank's time, and every rank's own
-    fields (less ``machine``) stay under ``ranks``."""
+    fields (less ``machine``) stay under ``ranks`` (rank 0's, ``phases`` and
+    ``timed_counters`` included, also at the top)."""
     for key in ("oom", "error"):
         for r, rec in enumerate(ranks):
             if key in rec:
@@ -732,7 +754,13 @@ def merge_ranks(ranks: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
 
 def _ddp_launch(
-    mode: str, steps: int, warmup: int, budget: int, timeout: int, extra_conf: str = ""
+    mode: str,
+    steps: int,
+    warmup: int,
+    budget: int,
+    timeout: int,
+    extra_conf: str = "",
+    phases: bool = False,
 ) -> dict[str, Any]:
     """ddp: one process per rank (this worker's PYTHONPATH), run together, merged."""
     torch = importlib.import_module("torch")
@@ -744,6 +772,7 @@ def _ddp_launch(
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     args = ["--mode", mode, "--steps", str(steps), "--warmup", str(warmup), "--budget", str(budget)]
     args += ["--conf", extra_conf] if extra_conf else []
+    args += ["--phases"] if phases else []
     cmds = [worker_command(MODULE, ["ddp", *args, "--rank", str(r)]) for r in range(WORLD)]
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -777,7 +806,7 @@ def worker(
     torch: Any = None
     try:
         if workload == "ddp" and rank is None and mode not in (LINK, SINGLE):
-            emit({**base, **_ddp_launch(mode, steps, warmup, budget, 570, extra_conf)})
+            emit({**base, **_ddp_launch(mode, steps, warmup, budget, 570, extra_conf, phases)})
             return
         torch = importlib.import_module("torch")
         base["machine"] = machine(torch)
@@ -868,7 +897,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--phases",
         action="store_true",
-        help="train: also time forward, backward and optimizer, with engine counters each",
+        help="train, ddp: also time forward, backward and optimizer, engine counters each",
     )
     ap.add_argument(
         "--conf",
@@ -891,8 +920,8 @@ def main(argv: list[str] | None = None) -> int:
         raise BenchError("--rounds and --steps must be at least 1, --warmup at least 0")
     worker_args = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--budget", str(budget)]
     if a.phases:
-        if a.workload != "train":
-            raise BenchError("--phases times the phases of a training step: workload train")
+        if a.workload not in TRAINING:
+            raise BenchError("--phases times the phases of a training step: workload train or ddp")
         worker_args.append("--phases")
     if a.conf:
         worker_args += ["--conf", a.conf]

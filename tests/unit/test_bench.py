@@ -352,6 +352,9 @@ def test_residency_ddp_sets_each_rank_against_one_gpu_at_the_same_budget() -> No
     ]
     summary, analysis = residency.summarize("ddp", samples, 12 * GIB)
     assert summary["modes"]["um-predict-1gpu"] == 1.0
+    # its tokens are not the ranks': its losses are not held against stock's
+    assert analysis["modes"]["um-predict-1gpu"]["agreement"] is None
+    assert analysis["modes"]["um-predict"]["agreement"] == 0.0
     # per rank, the median over the three workers of that rank's own median
     assert analysis["modes"]["um-predict"]["ranks_per_single"] == pytest.approx([1.1, 1.3])
     assert analysis["modes"]["um"]["ranks_per_single"] is None  # no rank finished
@@ -551,3 +554,19 @@ def test_populate_probe_reads_bandwidth_and_placement() -> None:
     gib = 1 << 30
     assert populate_probe.placement(gib, 0.0005) == "gpu"  # HBM: 2 TB/s
     assert populate_probe.placement(gib, 0.05) == "host"  # PCIe: 21 GB/s
+
+
+def test_ranks_probe_compares_the_slowest_rank_with_one_alone() -> None:
+    from bench import ranks_probe
+
+    gb = 10**9
+    alone = {r: [1.0, 0.5, 2.0] for r in ranks_probe.ROUTES}  # median 1 s: 1 GB/s
+    together = [
+        {r: [1.0, 1.0, 1.0] for r in ranks_probe.ROUTES},
+        {**{r: [1.0] * 3 for r in ranks_probe.ROUTES}, "evict": [4.0, 2.0, 2.0]},
+    ]
+    rows = {r["route"]: r for r in ranks_probe.compare(alone, together, gb)}
+    assert list(rows) == list(ranks_probe.ROUTES)
+    assert rows["h2d"]["alone_gb_s"] == 1.0 and rows["h2d"]["together_over_alone"] == 1.0
+    assert rows["evict"]["together_gb_s"] == [1.0, 0.5]
+    assert rows["evict"]["together_over_alone"] == 0.5  # the slower rank bounds DDP
