@@ -570,3 +570,13 @@ def test_ranks_probe_compares_the_slowest_rank_with_one_alone() -> None:
     assert rows["h2d"]["alone_gb_s"] == 1.0 and rows["h2d"]["together_over_alone"] == 1.0
     assert rows["evict"]["together_gb_s"] == [1.0, 0.5]
     assert rows["evict"]["together_over_alone"] == 0.5  # the slower rank bounds DDP
+
+
+def test_overlap_probe_pieces_cover_the_bytes_once_and_stay_in_the_ring() -> None:
+    from bench import overlap_probe
+
+    for total, chunk, ring in [(100, 32, 64), (1 << 30, 32 << 20, 128 << 20), (5, 8, 8)]:
+        pieces = overlap_probe.chunks(total, chunk, ring)
+        assert sum(n for _, _, n in pieces) == total
+        assert [s for s, _, _ in pieces] == list(range(0, total, chunk))
+        assert all(0 <= r and r + n <= ring and n <= chunk for _, r, n in pieces)

@@ -74,7 +74,12 @@ blocks a forward. Growing the target until those discards stopped streamed every
 (2.4 GB a forward) and made nothing faster; ordering dead chunks by their predicted reuse
 cut them to 0.14 GB but not the memset wait (step 16). A ring of a sixteenth of the
 budget was 4 % faster than an eighth in one run (step 16); the size stays until it is
-chosen at run time.
+chosen at run time. Where the copies read from matters more than how
+(``python -m bench.overlap_probe``, step 19): beside 1.3 GB of copies out of managed
+memory in host RAM the forward's kernels take 43-50 ms instead of 25 ms, beside a copy
+engine's DMA from page-locked memory 26 ms. Keeping streamed weights in page-locked
+memory (branch experiment/pinned-weight-streaming) freed the kernels but left the forward
+bound by the host's launches; not kept.
 
 Thread safety: the hooks may run on any thread; each thread's forward is its own, and
 the records, targets and counters are under a lock.

@@ -1,0 +1,153 @@
+"""Does a weight copy running beside an inference forward slow the forward, by route?
+
+    python -m bench.overlap_probe [--gib 1.3] [--reps 10] [--json FILE]   # on the GPU host
+
+The weight streamer (Note [Weight streaming], torch/cuda/_um_weights.py) copies about
+1.3 GB of weights from host RAM into a ring of device memory on a side stream while the
+forward runs (the 1.28 B model at a 2 GiB budget, bench.residency infer). Its copies are
+one foreach kernel per call reading managed memory in host RAM: the kernel holds SMs
+while it waits on the link. A cudaMemcpyAsync from the same memory left the SMs alone but
+added stalls (bench/README.md, step 15). This probe asks, with stock torch and the model
+in device memory (no engine), what each route does to the forward's time:
+
+- ``none``: the forward alone;
+- ``kernel-managed``: ``torch._foreach_copy_`` from host-placed managed memory (the
+  streamer today; PreferredLocation=host, AccessedBy=GPU, prefetched to the host);
+- ``memcpy-managed``: ``copy_`` (cudaMemcpyAsync) from the same memory;
+- ``memcpy-pinned``: ``copy_`` from page-locked host memory (a copy engine, plain DMA);
+- ``kernel-pinned``: ``torch._foreach_copy_`` from page-locked memory (zero-copy reads).
+
+The copies go in CHUNK pieces into a ring of RING bytes, all queued when the forward
+starts. Per route: the forward's time on the compute stream (CUDA events) with the copies
+beside it, which it does not wait for, and the copies' time alone. The managed
+range is raw ``cudaMallocManaged`` memory, refused past 80 % of free GPU memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+GiB = 1 << 30
+CHUNK = 32 << 20  # the largest call of the 1.28 B model (an MLP projection)
+RING = 128 << 20
+ROUTES = ("none", "kernel-managed", "memcpy-managed", "memcpy-pinned", "kernel-pinned")
+
+
+def chunks(total: int, chunk: int, ring: int) -> list[tuple[int, int, int]]:
+    """(source offset, ring offset, bytes) pieces that cover ``total`` once, the ring
+    reused in order."""
+    out, at = [], 0
+    while at < total:
+        n = min(chunk, total - at)
+        out.append((at, at % ring if at % ring + n <= ring else 0, n))
+        at += n
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=1.3, help="bytes copied per forward")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    import importlib
+
+    import torch
+
+    transformers = importlib.import_module("transformers")
+
+    from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda
+    from bench.populate_probe import Span
+
+    cuda = Cuda()
+    total = int(args.gib * GiB) // CHUNK * CHUNK
+    if total > 0.8 * cuda.free_bytes():
+        raise SystemExit(f"{total / GiB:.1f} GiB is more than 80 % of free GPU memory")
+    config = transformers.GPT2Config(
+        n_layer=24, n_embd=2048, n_head=16, vocab_size=32000, n_positions=1024, use_cache=False
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.GPT2LMHeadModel(config).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 32000, (8, 512), device="cuda")
+    ring = torch.empty(RING, dtype=torch.uint8, device="cuda")
+    pinned = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+    side = torch.cuda.Stream()
+    pieces = chunks(total, CHUNK, RING)
+    rows: list[dict[str, Any]] = []
+    with cuda.fresh(total) as ptr, torch.inference_mode():
+        cuda.advise(ptr, total, PREFERRED, HOST)
+        cuda.advise(ptr, total, ACCESSED_BY, DEVICE)
+        cuda.prefetch(ptr, total, HOST)
+        cuda.sync()
+        managed = torch.as_tensor(Span(ptr, total), device="cuda").view(torch.uint8)
+        managed.fill_(1)  # pages in host RAM that hold data (written by the GPU in place)
+        sources = {"managed": managed, "pinned": pinned}
+
+        def copies(route: str) -> Callable[[], None]:
+            if route == "none":
+                return lambda: None
+            how, where = route.split("-")
+            src = sources[where]
+
+            def go() -> None:
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for s, r, n in pieces:
+                        dst, part = ring[r : r + n], src[s : s + n]
+                        if how == "kernel":
+                            torch._foreach_copy_([dst], [part])
+                        else:
+                            dst.copy_(part, non_blocking=True)
+
+            return go
+
+        def forward() -> None:
+            model(ids)
+
+        for route in ROUTES:
+            start = copies(route)
+            fwd, alone = [], []
+            for rep in range(args.reps + 1):  # rep 0 warms up
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                start()
+                torch.cuda.synchronize()
+                t1 = time.perf_counter()
+                begin = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                start()
+                forward()
+                end.record()  # the compute stream's own end, not the copies'
+                torch.cuda.synchronize()
+                if rep:
+                    alone.append(t1 - t0)
+                    fwd.append(begin.elapsed_time(end) / 1e3)
+            row = {
+                "route": route,
+                "copies_alone_s": statistics.median(alone),
+                "forward_with_copies_s": statistics.median(fwd),
+                "copy_gb_s": total / statistics.median(alone) / 1e9 if route != "none" else None,
+            }
+            rows.append(row)
+            gbs = f"{row['copy_gb_s']:.1f} GB/s" if row["copy_gb_s"] else "-"
+            print(
+                f"{route:15s} forward with copies {row['forward_with_copies_s'] * 1e3:7.2f} ms, "
+                f"copies alone {row['copies_alone_s'] * 1e3:7.2f} ms ({gbs})",
+                flush=True,
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bytes": total, "chunk": CHUNK, "ring": RING, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
