@@ -176,3 +176,30 @@ def test_preload_into_stock_torch(torch_mod: Any, um: Any, limits: Limits) -> No
         env,
     )
     assert "PRELOADED" in out
+
+
+def test_pressure_watcher_is_stopped_before_the_interpreter_finalises(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    # Note [The pressure watcher stops before the interpreter finalises] (um.py): a daemon
+    # thread still running torch code then ends the process with std::terminate (exit
+    # status 134). The child's own atexit check is registered before torch is imported, so
+    # it runs after torch.cuda.um's (atexit is last in, first out), and reports whether
+    # the watcher is still alive at that point.
+    out = _run_child(
+        """
+        import atexit, threading
+        NAME = "torch.cuda.um pressure watch"
+        def alive():
+            return any(t.name == NAME and t.is_alive() for t in threading.enumerate())
+        atexit.register(lambda: print("WATCHER ALIVE AT EXIT", alive(), flush=True))
+        import torch
+        t = torch.ones(1 << 20, device="cuda")
+        torch.cuda.synchronize()
+        assert torch.cuda.um.is_managed(t)
+        print("WATCHER RUNNING", alive(), flush=True)
+        """,
+        subprocess_env(limits),
+    )
+    assert "WATCHER RUNNING True" in out  # the check is meaningful: it ran
+    assert "WATCHER ALIVE AT EXIT False" in out

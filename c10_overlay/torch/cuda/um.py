@@ -45,11 +45,11 @@ with ``<dir>`` the stock install's ``torch/lib``.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import platform
 import threading
-import time
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeAlias, Union
@@ -1159,14 +1159,35 @@ def _hooks_wanted() -> bool:
     return cfg.get("policy") == "lru" and cfg.get("hooks") == "True" and is_enabled()
 
 
+# Note [The pressure watcher stops before the interpreter finalises]
+# The watcher is a daemon thread, and removing the hooks frees tensors on it (the weight
+# streamer's rings). Freeing a tensor releases the GIL inside torch's C++ code. A daemon
+# thread that takes the GIL back once the interpreter has begun to finalise is ended
+# with pthread_exit, whose unwinding through that noexcept C++ frame calls
+# std::terminate: the process printed "terminate called without an active exception"
+# and exited with status 134 after its last line, in 2 of 3 runs of a GPU-suite subset
+# (bench/README.md, prediction step 19). The program's own objects are freed at exit, so
+# the pressure falls then, and that is just when the watcher removes the hooks. So an
+# atexit handler, which runs before finalisation starts, stops the watcher and waits
+# for it.
+_watch_stop = threading.Event()
+_watch_thread: threading.Thread | None = None
+
+
+def _stop_watch() -> None:
+    _watch_stop.set()
+    if _watch_thread is not None:
+        _watch_thread.join(timeout=10)
+
+
 def _watch_pressure() -> None:
+    global _watch_thread
     lib = _lib
-    if lib is None:
+    if lib is None or _watch_thread is not None:
         return
 
     def watch() -> None:
-        while True:
-            time.sleep(0.1)
+        while not _watch_stop.wait(0.1):
             wanted = bool(lib.torch_um_under_pressure()) and _hooks_wanted()
             if wanted == _hooks_installed:
                 continue
@@ -1181,7 +1202,9 @@ def _watch_pressure() -> None:
                 )
                 return
 
-    threading.Thread(target=watch, name="torch.cuda.um pressure watch", daemon=True).start()
+    _watch_thread = threading.Thread(target=watch, name="torch.cuda.um pressure watch", daemon=True)
+    _watch_thread.start()
+    atexit.register(_stop_watch)
 
 
 # ---- wiring into torch (injection path) --------------------------------------
