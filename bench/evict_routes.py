@@ -59,6 +59,7 @@ class Cuda:
         ]
         self.rt.cudaMemAdvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, Location]
         self.rt.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        self.rt.cudaFree.argtypes = [ctypes.c_void_p]
         self.rt.cudaMemcpy.argtypes = [
             ctypes.c_void_p,
             ctypes.c_void_p,
@@ -88,7 +89,6 @@ class Cuda:
             yield ptr
         finally:
             self.sync()
-            self.rt.cudaFree.argtypes = [ctypes.c_void_p]
             self.check(self.rt.cudaFree(ptr), "cudaFree")
 
     def stream(self) -> int:

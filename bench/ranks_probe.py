@@ -95,6 +95,29 @@ def worker(nbytes: int) -> None:
             print(json.dumps({"route": words[0], "s": timed(cuda, go)}), flush=True)
 
 
+def _ask(procs: list[subprocess.Popen[str]], word: str | None) -> list[str]:
+    """Send ``word`` to every worker (None: nothing), then read one line from each."""
+    def stopped(p: subprocess.Popen[str]) -> SystemExit:
+        return SystemExit(f"a worker stopped at {word or 'set-up'} (exit status {p.wait()})")
+
+    for p in procs:
+        if word is not None:
+            assert p.stdin is not None
+            try:
+                p.stdin.write(word + "\n")
+                p.stdin.flush()
+            except BrokenPipeError:
+                raise stopped(p) from None
+    lines = []
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if not line:
+            raise stopped(p)
+        lines.append(line)
+    return lines
+
+
 def _run(gpus: list[int], nbytes: int) -> list[dict[str, list[float]]]:
     """Workers on ``gpus``; every route REPEATS times, started together each time."""
     procs = []
@@ -105,30 +128,12 @@ def _run(gpus: list[int], nbytes: int) -> list[dict[str, list[float]]]:
             subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         )
     try:
-        for p in procs:
-            assert p.stdout is not None
-            if p.stdout.readline().strip() != "ready":
-                raise SystemExit(f"a worker failed to set up (exit status {p.wait()})")
+        _ask(procs, None)  # each says "ready"
         times: list[dict[str, list[float]]] = [{r: [] for r in ROUTES} for _ in procs]
         for route in ROUTES:
             for _ in range(REPEATS):
-                for word in (f"setup {route}", route):  # set up all, then start all at once
-                    for p in procs:
-                        assert p.stdin is not None
-                        p.stdin.write(word + "\n")
-                        p.stdin.flush()
-                    if word != route:
-                        for p in procs:
-                            assert p.stdout is not None
-                            if p.stdout.readline().strip() != "set":
-                                raise SystemExit(f"a worker failed (exit status {p.wait()})")
-                for k, p in enumerate(procs):
-                    assert p.stdout is not None
-                    line = p.stdout.readline()
-                    if not line:
-                        raise SystemExit(
-                            f"a worker stopped during {route} (exit status {p.wait()})"
-                        )
+                _ask(procs, f"setup {route}")  # every worker set up before any starts
+                for k, line in enumerate(_ask(procs, route)):
                     times[k][route].append(json.loads(line)["s"])
         return times
     finally:

@@ -580,3 +580,47 @@ def test_overlap_probe_pieces_cover_the_bytes_once_and_stay_in_the_ring() -> Non
         assert sum(n for _, _, n in pieces) == total
         assert [s for s, _, _ in pieces] == list(range(0, total, chunk))
         assert all(0 <= r and r + n <= ring and n <= chunk for _, r, n in pieces)
+
+
+def test_ranks_probe_asks_every_worker_and_reports_one_that_stopped() -> None:
+    import contextlib
+    import subprocess
+    import sys
+
+    from bench import ranks_probe
+
+    echo = (
+        "import sys\nprint('ready', flush=True)\n"
+        "for l in sys.stdin:\n print('got ' + l.strip(), flush=True)"
+    )
+    quits = "print('ready', flush=True)"  # answers nothing after set-up
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+        for code in (echo, echo)
+    ]  # fmt: skip
+    try:
+        assert ranks_probe._ask(procs, None) == ["ready\n", "ready\n"]
+        assert ranks_probe._ask(procs, "setup h2d") == ["got setup h2d\n"] * 2
+    finally:
+        for p in procs:
+            assert p.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                p.stdin.close()
+            p.wait(timeout=30)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+        for code in (echo, quits)
+    ]  # fmt: skip
+    try:
+        ranks_probe._ask(procs, None)
+        procs[1].wait(timeout=30)  # gone before it is asked: a broken pipe, not a traceback
+        with pytest.raises(SystemExit, match="a worker stopped at h2d"):
+            ranks_probe._ask(procs, "h2d")
+    finally:
+        for p in procs:
+            assert p.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                p.stdin.close()
+            p.wait(timeout=30)

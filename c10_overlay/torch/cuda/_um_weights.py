@@ -78,8 +78,8 @@ chosen at run time. Where the copies read from matters more than how
 (``python -m bench.overlap_probe``, step 19): beside 1.3 GB of copies out of managed
 memory in host RAM the forward's kernels take 43-50 ms instead of 25 ms, beside a copy
 engine's DMA from page-locked memory 26 ms. Keeping streamed weights in page-locked
-memory (branch experiment/pinned-weight-streaming) freed the kernels but left the forward
-bound by the host's launches; not kept.
+memory freed the kernels but left the forward bound by the host's launches, and slower
+(step 19); not kept.
 
 Thread safety: the hooks may run on any thread; each thread's forward is its own, and
 the records, targets and counters are under a lock.
