@@ -586,6 +586,7 @@ def test_ranks_probe_asks_every_worker_and_reports_one_that_stopped() -> None:
     import contextlib
     import subprocess
     import sys
+    from collections.abc import Iterator
 
     from bench import ranks_probe
 
@@ -594,33 +595,28 @@ def test_ranks_probe_asks_every_worker_and_reports_one_that_stopped() -> None:
         "for l in sys.stdin:\n print('got ' + l.strip(), flush=True)"
     )
     quits = "print('ready', flush=True)"  # answers nothing after set-up
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
-        for code in (echo, echo)
-    ]  # fmt: skip
-    try:
+
+    @contextlib.contextmanager
+    def workers(*codes: str) -> Iterator[list[subprocess.Popen[str]]]:
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+            for code in codes
+        ]  # fmt: skip
+        try:
+            yield procs
+        finally:
+            for p in procs:
+                assert p.stdin is not None
+                with contextlib.suppress(BrokenPipeError):
+                    p.stdin.close()
+                p.wait(timeout=30)
+
+    with workers(echo, echo) as procs:
         assert ranks_probe._ask(procs, None) == ["ready\n", "ready\n"]
         assert ranks_probe._ask(procs, "setup h2d") == ["got setup h2d\n"] * 2
-    finally:
-        for p in procs:
-            assert p.stdin is not None
-            with contextlib.suppress(BrokenPipeError):
-                p.stdin.close()
-            p.wait(timeout=30)
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
-        for code in (echo, quits)
-    ]  # fmt: skip
-    try:
+    with workers(echo, quits) as procs:
         ranks_probe._ask(procs, None)
         procs[1].wait(timeout=30)  # gone before it is asked: a broken pipe, not a traceback
         with pytest.raises(SystemExit, match="a worker stopped at h2d"):
             ranks_probe._ask(procs, "h2d")
-    finally:
-        for p in procs:
-            assert p.stdin is not None
-            with contextlib.suppress(BrokenPipeError):
-                p.stdin.close()
-            p.wait(timeout=30)
