@@ -211,13 +211,15 @@ struct Sim {
     return invariants("removeSegment");
   }
 
-  bool alloc(uintptr_t addr, uint64_t size) {
+  // `pool`: the block is a private pool's (Note [Graph pools: a free is not
+  // a death]).
+  bool alloc(uintptr_t addr, uint64_t size, bool pool = false) {
     std::vector<Action> out;
     bool was_dead = false;
     for (uintptr_t c = addr - (addr % kChunkBytes); c < addr + size; c += kChunkBytes) {
       was_dead = was_dead || r.liveBytesAt(c) == 0;
     }
-    const bool revived = r.onAlloc(addr, size, stream, policy, lim, out);
+    const bool revived = r.onAlloc(addr, size, stream, policy, lim, out, pool);
     // A pending discard of a dead chunk (decided by another thread) must be
     // queued before the block's first kernel: the engine waits when told.
     CHECK(revived == was_dead, "onAlloc did not report reviving a dead chunk");
@@ -237,6 +239,24 @@ struct Sim {
     r.onFree(addr, live.at(addr));
     live.erase(addr);
     return invariants("free");
+  }
+
+  // A graph pool's block the allocator takes back while a replay's output
+  // still lives there: its data stays live.
+  bool freeReplayed(uintptr_t addr) {
+    r.onFree(addr, live.at(addr), /*replayed=*/true);
+    return invariants("freeReplayed");
+  }
+
+  // A pool checkpoint restored (setCheckpointPoolState): the live block is
+  // freed and handed out again in one call, its data in use throughout.
+  bool restore(uintptr_t addr) {
+    const uint64_t size = live.at(addr);
+    std::vector<Action> out;
+    r.onFree(addr, size, /*replayed=*/true);
+    r.onAlloc(addr, size, stream, policy, lim, out, /*replayed=*/true);
+    // No block is new here: a discard over this one is a discard of live data.
+    return apply(out, 0) && invariants("restore");
   }
 
   bool touch(uintptr_t addr, bool read_only = false) {
@@ -568,6 +588,39 @@ bool blockLargerThanBudget() {
   return true;
 }
 
+// Note [Graph pools: a free is not a death]: replay outputs in a private
+// pool whose blocks the allocator freed (cudagraph trees) or freed and handed
+// out again (a checkpoint restore) keep their data through eviction,
+// discards, and reuse of the budget by other blocks.
+bool graphPoolOutputsSurvive() {
+  Sim s;
+  s.lim.budget = 6 * kChunkBytes;
+  const uintptr_t pool = 1ull << 32, other = 1ull << 33;
+  if (!s.addSegment(pool, 4 * kChunkBytes)) return false;
+  if (!s.alloc(pool, 2 * kChunkBytes, /*pool=*/true)) return false;
+  if (!s.alloc(pool + 2 * kChunkBytes, kChunkBytes, /*pool=*/true)) return false;
+  // The recording's output tensors died; replays keep writing both blocks.
+  if (!s.freeReplayed(pool)) return false;
+  if (!s.freeReplayed(pool + 2 * kChunkBytes)) return false;
+  if (!s.addSegment(other, 12 * kChunkBytes)) return false;
+  for (int round = 0; round < 3; ++round) {
+    // Other blocks come and go over twice the budget: every pool chunk is a
+    // victim at some point; the checks in apply() fail on a live discard.
+    for (uint64_t i = 0; i < 12; i += 3) {
+      if (!s.alloc(other + i * kChunkBytes, 3 * kChunkBytes)) return false;
+    }
+    for (uint64_t i = 0; i < 12; i += 3) {
+      if (!s.free(other + i * kChunkBytes)) return false;
+    }
+    if (!s.restore(pool)) return false;
+  }
+  CHECK(s.r.liveBytesAt(pool) > 0 && s.r.liveBytesAt(pool + 2 * kChunkBytes) > 0,
+        "a replayed pool chunk counts as dead");
+  // Pool chunks no block ever used are dead as anywhere else.
+  CHECK(s.r.liveBytesAt(pool + 3 * kChunkBytes) == 0, "an unused pool chunk counts as live");
+  return true;
+}
+
 } // namespace
 
 int main() {
@@ -587,6 +640,7 @@ int main() {
       {"cancelled moves: coverage and cuts", cancelledMoveRanges},
       {"a repeated read-only scan keeps a prefix", repeatedScanKeepsAPrefix},
       {"evicted, then freed unused, is counted", evictedUnusedIsCounted},
+      {"graph pool outputs survive frees and restores", graphPoolOutputsSurvive},
   };
   int run = 0;
   for (const Case& c : cases) {

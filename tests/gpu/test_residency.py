@@ -106,6 +106,55 @@ def test_graph_capture_and_replay_under_budget(torch_mod: Any, um: Any, limits: 
     del g, static_out, extra, filler
 
 
+def test_graph_replay_outputs_survive_their_frees(torch_mod: Any, um: Any, limits: Limits) -> None:
+    """Note [Graph pools: a free is not a death] (Residency.h). cudagraph trees (torch.compile's
+    reduce-overhead) let the recording's output tensor die, so the allocator frees its block in
+    the graph's private pool, and hand out each replay's output as a tensor built over that
+    memory with no allocation. Under pressure the old engine took the free at its word and
+    discarded the block: the first replay's output read zeros here (and
+    test_compile_reduce_overhead_under_budget did, in 1 of 2 full suites)."""
+    _tiny_budget(um)
+    static_in = torch.full((16 << 20,), 3.0, device="cuda")  # 64 MiB
+    # As cudagraph trees do, a warm-up run on the capture's stream allocates in the graph's
+    # pool first: the pool's segment is made, and placed, outside the capture (a segment made
+    # during one is left unplaced and is no eviction victim), and the capture reuses it.
+    device, pool = torch.cuda.current_device(), torch.cuda.graph_pool_handle()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    torch._C._cuda_beginAllocateCurrentThreadToPool(device, pool)
+    try:
+        with torch.cuda.stream(side):
+            warm = static_in * 2 + 1
+    finally:
+        torch._C._cuda_endAllocateToPool(device, pool)
+    del warm
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool, stream=side):
+        recorded = static_in * 2 + 1  # a block of the graph's private pool
+    ptr, nbytes = recorded.data_ptr(), recorded.untyped_storage().nbytes()
+    del recorded  # its block is free in the pool; replays still write it
+    outputs = []
+    for k in range(3):
+        static_in.fill_(float(k))
+        g.replay()
+        storage = torch._C._construct_storage_from_data_pointer(ptr, static_in.device, nbytes)
+        out = torch.empty(0, device="cuda").set_(storage, 0, (nbytes // 4,))
+        torch.cuda.synchronize()
+        # Twice the budget of other blocks, made and freed: every dead chunk is a victim.
+        before = um.stats()
+        for _ in range(2):
+            filler = [torch.ones(16 << 20, device="cuda") for _ in range(8)]  # 512 MiB
+            assert all(float(f.sum()) == f.numel() for f in filler)
+            del filler
+        after = um.stats()
+        assert after["um.evict_bytes"] + after["um.discard_bytes"] > (
+            before["um.evict_bytes"] + before["um.discard_bytes"]
+        ), "nothing left the device: the test did not oversubscribe"
+        assert float(out.min()) == float(out.max()) == 2 * k + 1, f"replay {k}: output lost"
+        outputs.append(out)
+    del g, outputs, static_in
+
+
 def test_compile_reduce_overhead_under_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
     from torch.utils._triton import has_triton
 

@@ -276,7 +276,13 @@ void Engine::onBlockEvent(
     BlockEvent event,
     uintptr_t addr,
     size_t size,
-    cudaStream_t stream) {
+    cudaStream_t stream,
+    BlockPool pool) {
+  // Note [Graph pools: a free is not a death] (Residency.h). Where torch
+  // does not name the pool, every event after the first capture may be a
+  // graph pool's.
+  const bool replayed = pool == BlockPool::Private ||
+      (pool == BlockPool::Unknown && captured_.load());
   std::vector<Action> actions;
   bool prefetch = true;
   uint64_t ticket = 0;
@@ -284,7 +290,8 @@ void Engine::onBlockEvent(
     std::lock_guard<std::mutex> lock(mu_);
     ++block_events_;
     if (event == BlockEvent::FreeCompleted) {
-      residency_.onFree(addr, size); // ignores plain cudaMalloc segments
+      // ignores plain cudaMalloc segments
+      residency_.onFree(addr, size, replayed);
       return;
     }
     const int device = residency_.deviceOf(addr);
@@ -292,7 +299,7 @@ void Engine::onBlockEvent(
       return; // a plain cudaMalloc segment (UM off when it was made)
     }
     const bool revived = residency_.onAlloc(
-        addr, size, stream, policy(), limits(device, false), actions);
+        addr, size, stream, policy(), limits(device, false), actions, replayed);
     // Reviving a dead chunk while earlier actions are still being issued:
     // run() with no actions waits until they are (Note [Reviving a dead
     // chunk]). With nothing outstanding, the allocation returns at once.
@@ -347,6 +354,7 @@ cudaError_t Engine::advise(
 // every eviction job queued has been finished. The waits are for the GPU to
 // reach events recorded before the capture, never for the capturing thread.
 void Engine::captureBegin() {
+  captured_.store(true);
   captures_.fetch_add(1);
   uint64_t ticket = 0;
   {
@@ -657,8 +665,9 @@ void onBlockEvent(
     BlockEvent event,
     uintptr_t addr,
     size_t size,
-    cudaStream_t stream) {
-  Engine::get().onBlockEvent(event, addr, size, stream);
+    cudaStream_t stream,
+    BlockPool pool) {
+  Engine::get().onBlockEvent(event, addr, size, stream, pool);
 }
 
 void setEventsAttached() {

@@ -55,7 +55,8 @@ class Engine {
       BlockEvent event,
       uintptr_t addr,
       size_t size,
-      cudaStream_t stream);
+      cudaStream_t stream,
+      BlockPool pool);
   // Segments allocated from now on have their blocks tracked by events.
   void setEventsAttached();
 
@@ -167,6 +168,9 @@ class Engine {
   uint64_t headroom_refusals_ = 0;
   uint64_t block_events_ = 0;
   std::atomic<int> captures_{0};
+  // A capture has begun in this process: from then on, a block event whose
+  // pool is Unknown (torch 2.6, 2.7) may be a graph pool's.
+  std::atomic<bool> captured_{false};
   std::atomic<bool> events_attached_{false};
 
   struct HostAllocation {

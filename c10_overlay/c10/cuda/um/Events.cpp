@@ -8,12 +8,33 @@
 #include <c10/util/Exception.h>
 
 #include <mutex>
+#include <type_traits>
+#include <utility>
 
 namespace c10::cuda::um {
 
 namespace {
 
 using TraceEntry = c10::cuda::CUDACachingAllocator::TraceEntry;
+
+template <typename E, typename = void>
+struct NamesPool : std::false_type {};
+template <typename E>
+struct NamesPool<E, std::void_t<decltype(std::declval<const E&>().mempool_)>>
+    : std::true_type {};
+
+// Torch 2.8 added the block's pool to every trace entry: {0, 0} is the
+// default pool, anything else a private one (a CUDA graph's, or a MemPool).
+template <typename E>
+BlockPool poolOf(const E& e) {
+  if constexpr (NamesPool<E>::value) {
+    const auto& id = e.mempool_;
+    return id.first == 0 && id.second == 0 ? BlockPool::Default
+                                           : BlockPool::Private;
+  } else {
+    return BlockPool::Unknown;
+  }
+}
 
 void onTrace(const TraceEntry& e) {
   // Under the allocator's device lock: the engine acts at once, so that a
@@ -24,14 +45,16 @@ void onTrace(const TraceEntry& e) {
           BlockEvent::Alloc,
           static_cast<uintptr_t>(e.addr_),
           e.size_,
-          reinterpret_cast<cudaStream_t>(e.stream_));
+          reinterpret_cast<cudaStream_t>(e.stream_),
+          poolOf(e));
       break;
     case TraceEntry::FREE_COMPLETED:
       onBlockEvent(
           BlockEvent::FreeCompleted,
           static_cast<uintptr_t>(e.addr_),
           e.size_,
-          reinterpret_cast<cudaStream_t>(e.stream_));
+          reinterpret_cast<cudaStream_t>(e.stream_),
+          poolOf(e));
       break;
     default:
       break;

@@ -502,11 +502,13 @@ bool Residency::onAlloc(
     void* stream,
     Policy policy,
     const DeviceLimits& limits,
-    std::vector<Action>& out) {
+    std::vector<Action>& out,
+    bool replayed) {
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0) {
     return false;
   }
+  seg->replayed = seg->replayed || replayed;
   const auto [hi, first, last] = seg->span(addr, size);
   ++tick_;
   // Far from the budget nothing will be evicted soon: the eviction order is
@@ -543,15 +545,20 @@ bool Residency::onAlloc(
     makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
              stream, out);
   }
-  bringIn(*seg, first, last, stream, /*dead_content=*/true, addr, hi, limits,
-          out);
+  // Note [Graph pools: a free is not a death]
+  bringIn(*seg, first, last, stream, /*dead_content=*/!seg->replayed, addr,
+          hi, limits, out);
   return revived;
 }
 
-void Residency::onFree(uintptr_t addr, uint64_t size) {
+void Residency::onFree(uintptr_t addr, uint64_t size, bool replayed) {
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0) {
     return;
+  }
+  seg->replayed = seg->replayed || replayed;
+  if (seg->replayed) {
+    return; // Note [Graph pools: a free is not a death]
   }
   const auto [hi, first, last] = seg->span(addr, size);
   for (size_t i = first; i < last; ++i) {

@@ -79,6 +79,29 @@
 // Training touches nothing read-only, so for it this is plain LRU; a chunk
 // touched for writing or (re)allocated leaves the scan set.
 //
+// Note [Graph pools: a free is not a death]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A CUDA graph's private pool holds memory that the graph's replays write
+// at fixed addresses, and the allocator does not see replays. Its events
+// there describe the recording, not the data:
+//   - cudagraph trees (torch.compile's "reduce-overhead") hand replay
+//     outputs to the program as tensors built over pool memory without an
+//     ALLOC, while the allocator counts the recording's output block as
+//     freed once its first tensor died;
+//   - restoring a pool's checkpoint before a new recording
+//     (setCheckpointPoolState) frees every block of the pool and allocates
+//     the live ones again, in one call, with their data still in use.
+// Taking those events at their word discards live graph outputs: the GPU
+// suite's reduce-overhead test read zeros, now and then, after earlier tests
+// left pool chunks in host RAM or among the eviction victims. So a segment
+// that holds a private pool's blocks is `replayed`: its frees never make a
+// chunk dead, and a block handed out there keeps its old content (placed by
+// prefetch, never by discard-and-prefetch). Chunks of it no block ever used
+// are still dead. Such segments cost write-backs under pressure, which
+// graph users pay only for memory their pools hold. Torch 2.6 and 2.7 do not
+// say which pool an event is in; there every event after the first capture
+// in the process counts as a pool's (Engine::onBlockEvent).
+//
 // Thread safety: none. The caller (Engine) serialises every call.
 #pragma once
 
@@ -231,7 +254,8 @@ class Residency {
   std::optional<SegmentInfo> removeSegment(uintptr_t base);
 
   // The allocator handed out [addr, addr+size) on `stream`: the range is
-  // about to be written on its device, and its old content is dead.
+  // about to be written on its device, and its old content is dead, unless
+  // the segment is `replayed` (Note [Graph pools: a free is not a death]).
   // Returns true if the block revives a chunk that was dead: the caller must
   // then order the block's first use after every action decided so far
   // (Note [Reviving a dead chunk]).
@@ -241,9 +265,11 @@ class Residency {
       void* stream,
       Policy policy,
       const DeviceLimits& limits,
-      std::vector<Action>& out);
-  // The allocator took [addr, addr+size) back: its bytes are dead.
-  void onFree(uintptr_t addr, uint64_t size);
+      std::vector<Action>& out,
+      bool replayed = false);
+  // The allocator took [addr, addr+size) back: its bytes are dead, unless
+  // the segment is `replayed`.
+  void onFree(uintptr_t addr, uint64_t size, bool replayed = false);
 
   // [addr, addr+size) (live data) is about to be used on `device`: bring it
   // there, making room under the budget. `read_only`: the use only reads
@@ -307,6 +333,9 @@ class Residency {
     int device = 0;
     void* stream = nullptr;
     bool tracked = false;
+    // Holds blocks of a private pool: CUDA graph replays write it
+    // (Note [Graph pools: a free is not a death]).
+    bool replayed = false;
     std::vector<Chunk> chunks;
     uint64_t chunkSize(size_t i) const {
       uint64_t lo = i * kChunkBytes;

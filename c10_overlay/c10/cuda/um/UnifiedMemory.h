@@ -42,15 +42,23 @@ void captureEnd();
 // tracker's ALLOC and FREE_COMPLETED).
 enum class BlockEvent : uint8_t { Alloc, FreeCompleted };
 
+// The pool a block event belongs to (Note [Graph pools: a free is not a
+// death], Residency.h). Torch 2.8 and later name it in every trace entry;
+// 2.6 and 2.7 do not (Unknown).
+enum class BlockPool : uint8_t { Default, Private, Unknown };
+
 // A block was handed out or taken back. Called with the allocator's lock
 // held (lock order: allocator, then engine). With policy lru an Alloc over
 // pages that are not on the device places them there before the caller's
-// kernels run (discard-and-prefetch: a new block's old content is dead).
+// kernels run (discard-and-prefetch: a new block's old content is dead),
+// except in a private pool, which CUDA graph replays write without the
+// allocator knowing.
 void onBlockEvent(
     BlockEvent event,
     uintptr_t addr,
     size_t size,
-    cudaStream_t stream);
+    cudaStream_t stream,
+    BlockPool pool);
 
 // Block events reach the engine from now on: segments allocated after this
 // know which of their bytes are dead.
