@@ -51,6 +51,7 @@ struct Sim {
   std::map<uintptr_t, uint64_t> live; // block addr -> size
   std::map<uintptr_t, uint64_t> segs; // segment base -> size
   uint64_t actions = 0;
+  std::vector<Action> last; // the actions of the last call
   void* stream = reinterpret_cast<void*>(0x5);
 
   Sim() {
@@ -72,6 +73,7 @@ struct Sim {
   std::map<uint64_t, std::pair<void*, Action::Kind>> batch_stream; // batch -> stream, kind
 
   bool apply(const std::vector<Action>& out, uintptr_t allocating) {
+    last = out;
     if (!lim.can_act) {
       CHECK(out.empty(), "%zu actions while capturing", out.size());
     }
@@ -137,8 +139,13 @@ struct Sim {
           case Action::PlaceOnDevice:
             phys[c] = Phys::Device;
             break;
-          case Action::EvictToHost:
           case Action::MapHost:
+            // The executor makes these pages by writing them: only pages
+            // nothing was ever written to (a fresh segment's) may get it.
+            CHECK(phys[c] == Phys::None, "MapHost over pages that hold data");
+            phys[c] = Phys::Host;
+            break;
+          case Action::EvictToHost:
             phys[c] = Phys::Host;
             break;
           case Action::AdviseHost:
@@ -189,14 +196,15 @@ struct Sim {
     return true;
   }
 
-  bool addSegment(uintptr_t base, uint64_t size) {
+  // adopted: host memory that already holds data (torch.cuda.um.move_).
+  bool addSegment(uintptr_t base, uint64_t size, bool adopted = false) {
     std::vector<Action> out;
     for (uintptr_t c = base; c < base + size; c += kChunkBytes) {
-      phys[c] = Phys::None;
+      phys[c] = adopted ? Phys::Host : Phys::None;
       csize[c] = std::min<uint64_t>(kChunkBytes, base + size - c);
     }
     segs[base] = size;
-    r.addSegment(base, size, 0, stream, true, policy, lim, out);
+    r.addSegment(base, size, 0, stream, true, adopted, policy, lim, out);
     return apply(out, 0) && invariants("addSegment");
   }
 
@@ -295,7 +303,7 @@ bool randomTrace(uint64_t seed) {
     uintptr_t base = base0 + i * (64ull << 20);
     segments.push_back({base, size});
     s.stream = reinterpret_cast<void*>(0x10 + i % 2); // two streams' segments
-    if (!s.addSegment(base, size)) return false;
+    if (!s.addSegment(base, size, /*adopted=*/i == 1 && seed % 2 == 0)) return false;
   }
   // A segment's blocks: a sorted set of non-overlapping live ranges.
   for (int step = 0; step < 4000; ++step) {
@@ -444,6 +452,30 @@ bool oversizedSegmentIsSplit() {
   CHECK(s.r.bytesOn(0, Where::Device) == 8 * kChunkBytes, "device part is not the budget");
   CHECK(s.r.bytesOn(0, Where::Host) == 12 * kChunkBytes, "host part is not the rest");
   CHECK(s.r.whereIs(1ull << 32) == Where::Device, "first chunk not on the device");
+  return true;
+}
+
+// A range adopted by move_ (managed host memory that holds data) larger than
+// the budget: split like a fresh one, but its host part is only advised; no
+// MapHost, whose pages are made by writing them (the Sim fails on that).
+bool adoptedSegmentKeepsItsData() {
+  for (Policy policy : {Policy::Lru, Policy::Static}) {
+    Sim s;
+    s.policy = policy;
+    s.lim.budget = 8 * kChunkBytes;
+    const uintptr_t base = 1ull << 32;
+    if (!s.addSegment(base, 6 * kChunkBytes)) return false; // fresh, on the device
+    const uintptr_t adopted = base + (1ull << 30);
+    const uintptr_t end = adopted + 20 * kChunkBytes;
+    if (!s.addSegment(adopted, 20 * kChunkBytes, /*adopted=*/true)) return false;
+    bool advised = false;
+    for (const Action& a : s.last) {
+      CHECK(a.kind != Action::MapHost, "MapHost on an adopted range");
+      advised |= a.kind == Action::AdviseHost && a.addr + a.size == end;
+    }
+    CHECK(advised, "the adopted range's host part was not advised");
+    CHECK(s.r.bytesOn(0, Where::Host) >= 12 * kChunkBytes, "host part smaller than the rest");
+  }
   return true;
 }
 
@@ -635,6 +667,7 @@ int main() {
       {"no action during capture", captureDoesNothing},
       {"static policy", staticPolicy},
       {"oversized segment split by placement", oversizedSegmentIsSplit},
+      {"an adopted range keeps its data", adoptedSegmentKeepsItsData},
       {"a block larger than the budget", blockLargerThanBudget},
       {"inference: read-only duplicates", inferenceReadOnly},
       {"cancelled moves: coverage and cuts", cancelledMoveRanges},

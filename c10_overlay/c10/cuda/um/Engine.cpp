@@ -233,6 +233,7 @@ cudaError_t Engine::allocSegment(
         device,
         stream,
         events_attached_.load(),
+        /*adopted=*/false,
         policy(),
         limits(device, capturing),
         actions);
@@ -543,7 +544,7 @@ std::string Engine::adoptHost(
     st.managed_bytes += size;
     adopted_bytes_ += size;
     residency_.addSegment(
-        p, size, device, stream, /*tracked=*/false, policy(),
+        p, size, device, stream, /*tracked=*/false, /*adopted=*/true, policy(),
         limits(device, false), actions);
     prefetch = cfg_.prefetch;
     if (!actions.empty()) {

@@ -254,6 +254,7 @@ void Residency::addSegment(
     int device,
     void* stream,
     bool tracked,
+    bool adopted,
     Policy policy,
     const DeviceLimits& limits,
     std::vector<Action>& out) {
@@ -308,8 +309,16 @@ void Residency::addSegment(
       counters_.place_bytes += seg.chunkSize(i);
     } else {
       c.where = Where::Host;
+      // Fresh pages are made in host RAM (MapHost); an adopted range's are
+      // there already and hold its data: it only needs the advice, which
+      // lru gave the whole segment above.
+      if (!adopted) {
         emit(out, seg.base, Action::MapHost, seg.chunkAddr(i), seg.chunkSize(i), device,
-           stream);
+             stream);
+      } else if (policy != Policy::Lru) {
+        emit(out, seg.base, Action::AdviseHost, seg.chunkAddr(i), seg.chunkSize(i),
+             device, stream);
+      }
       counters_.map_host_bytes += seg.chunkSize(i);
     }
     link(seg, i);

@@ -140,7 +140,9 @@ struct Action {
     Discard, // dead data leaves without a copy, like EvictToHost: by the
              // evictor, once `stream` has done its work so far (Note
              // [Discards leave through the evictor])
-    MapHost, // advise PreferredLocation=host + AccessedBy=device, no move
+    MapHost, // fresh segment: advise PreferredLocation=host + AccessedBy=device;
+             // with prefetch on, host pages are made by CPU writes (Note [Host
+             // pages are populated by CPU threads], Executor.cpp)
     PlaceOnDevice, // fresh segment: prefetch to `device` on `stream`
     AdviseHost, // PreferredLocation=host + AccessedBy=device on a whole new
                 // segment (lru): pages the engine moved off the device are
@@ -235,13 +237,17 @@ class Residency {
   // A new managed segment of `size` bytes at `base` on `device`, allocated
   // on `stream`. `tracked`: the allocator's block events reach the engine,
   // so chunks without live blocks are dead; untracked chunks are always
-  // treated as live. Appends the actions that place it.
+  // treated as live. `adopted`: the range already holds data (managed host
+  // memory handed to the device by torch.cuda.um.move_), so no action may
+  // make pages for it (MapHost writes them); fresh from cudaMallocManaged
+  // otherwise. Appends the actions that place it.
   void addSegment(
       uintptr_t base,
       uint64_t size,
       int device,
       void* stream,
       bool tracked,
+      bool adopted,
       Policy policy,
       const DeviceLimits& limits,
       std::vector<Action>& out);
