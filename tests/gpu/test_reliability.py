@@ -8,6 +8,7 @@ calls under their libcudart.so.13 symbol versions and fails them while armed.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -39,8 +40,14 @@ def _device_used() -> int:
 
 
 def test_repeated_graph_capture_does_not_grow(torch_mod: Any, um: Any, limits: Limits) -> None:
-    """100 x (capture torch.mm into a new CUDAGraph, replay it): device memory in use must not
-    grow by more than 0.1 GB, as under stock torch."""
+    """4 x 100 x (capture torch.mm into a new CUDAGraph, replay it): device memory in use must
+    stay within 0.3 GB of where it started, and managed segments within 0.1 GB: a leak of
+    0.75 MB a capture or more fails. The level is not flat under UM. Measured on an H200
+    (tests/gpu/results/inject-2.11.0-h200-2026-11-24.md, thirteenth session): +40, +40, -88,
+    +40 MiB over four batches of 100, where stock torch and UM off stay at 0; the old form of
+    this test (one batch, 0.1 GB) saw +112 MiB now and then in the full suite. The steps
+    point at the driver taking back the device pages of freed managed memory in batches
+    (torch.cuda.graph empties the cache before each capture); not verified further."""
     a = torch.randn(1024, 512, device="cuda")
     b = torch.randn(512, 64, device="cuda")
     expected = a @ b
@@ -63,17 +70,26 @@ def test_repeated_graph_capture_does_not_grow(torch_mod: Any, um: Any, limits: L
     for _ in range(5):  # cuBLAS handles and workspaces, the first pool
         once()
     torch.cuda.synchronize()
-    used0, segs0 = _device_used(), um.stats()["um.total_managed_bytes"]
-    for _ in range(100):
-        once()
-    torch.cuda.synchronize()
-    grown = _device_used() - used0
-    managed_grown = um.stats()["um.total_managed_bytes"] - segs0
+    stats0 = um.stats()
+    used = [_device_used()]
+    for _ in range(4):
+        for _ in range(100):
+            once()
+        torch.cuda.synchronize()
+        used.append(_device_used())
+    stats1 = um.stats()
+    batches = [after - before for before, after in itertools.pairwise(used)]
+    highest = max(used[1:]) - used[0]
+    managed_grown = stats1["um.total_managed_bytes"] - stats0["um.total_managed_bytes"]
+    # Managed pages the engine placed on the device count as memory in use too: printed so
+    # that a failure says whether growth is the engine's.
+    placed_grown = stats1["um.device_placed_bytes"] - stats0["um.device_placed_bytes"]
     print(
-        f"[um] 100 graph captures: device memory in use grew {grown / MiB:.1f} MiB, "
-        f"managed segments {managed_grown / MiB:.1f} MiB"
+        f"[um] 4 x 100 graph captures: device memory in use moved "
+        f"{', '.join(f'{g / MiB:+.1f}' for g in batches)} MiB, managed segments "
+        f"{managed_grown / MiB:.1f} MiB, placed on the device {placed_grown / MiB:.1f} MiB"
     )
-    assert grown < 0.1e9, f"device memory in use grew by {grown / 1e9:.3f} GB over 100 captures"
+    assert highest < 0.3e9, f"device memory in use rose {highest / 1e9:.3f} GB in 400 captures"
     assert managed_grown < 0.1e9, f"managed segments grew by {managed_grown / 1e9:.3f} GB"
 
 

@@ -127,32 +127,37 @@ def test_graph_replay_outputs_survive_their_frees(torch_mod: Any, um: Any, limit
             warm = static_in * 2 + 1
     finally:
         torch._C._cuda_endAllocateToPool(device, pool)
-    del warm
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, pool=pool, stream=side):
-        recorded = static_in * 2 + 1  # a block of the graph's private pool
-    ptr, nbytes = recorded.data_ptr(), recorded.untyped_storage().nbytes()
-    del recorded  # its block is free in the pool; replays still write it
-    outputs = []
-    for k in range(3):
-        static_in.fill_(float(k))
-        g.replay()
-        storage = torch._C._construct_storage_from_data_pointer(ptr, static_in.device, nbytes)
-        out = torch.empty(0, device="cuda").set_(storage, 0, (nbytes // 4,))
-        torch.cuda.synchronize()
-        # Twice the budget of other blocks, made and freed: every dead chunk is a victim.
-        before = um.stats()
-        for _ in range(2):
-            filler = [torch.ones(16 << 20, device="cuda") for _ in range(8)]  # 512 MiB
-            assert all(float(f.sum()) == f.numel() for f in filler)
-            del filler
-        after = um.stats()
-        assert after["um.evict_bytes"] + after["um.discard_bytes"] > (
-            before["um.evict_bytes"] + before["um.discard_bytes"]
-        ), "nothing left the device: the test did not oversubscribe"
-        assert float(out.min()) == float(out.max()) == 2 * k + 1, f"replay {k}: output lost"
-        outputs.append(out)
-    del g, outputs, static_in
+    try:
+        del warm
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool, stream=side):
+            recorded = static_in * 2 + 1  # a block of the graph's private pool
+        ptr, nbytes = recorded.data_ptr(), recorded.untyped_storage().nbytes()
+        del recorded  # its block is free in the pool; replays still write it
+        outputs = []
+        for k in range(3):
+            static_in.fill_(float(k))
+            g.replay()
+            storage = torch._C._construct_storage_from_data_pointer(ptr, static_in.device, nbytes)
+            out = torch.empty(0, device="cuda").set_(storage, 0, (nbytes // 4,))
+            torch.cuda.synchronize()
+            # Twice the budget of other blocks, made and freed: every dead chunk is a victim.
+            before = um.stats()
+            for _ in range(2):
+                filler = [torch.ones(16 << 20, device="cuda") for _ in range(8)]  # 512 MiB
+                assert all(float(f.sum()) == f.numel() for f in filler)
+                del filler
+            after = um.stats()
+            assert after["um.evict_bytes"] + after["um.discard_bytes"] > (
+                before["um.evict_bytes"] + before["um.discard_bytes"]
+            ), "nothing left the device: the test did not oversubscribe"
+            assert float(out.min()) == float(out.max()) == 2 * k + 1, f"replay {k}: output lost"
+            outputs.append(out)
+        del g, outputs, static_in
+    finally:
+        # The warm-up's hold on the pool (the graph holds its own): its segments can go
+        # once both are released.
+        torch._C._cuda_releasePool(device, pool)
 
 
 def test_compile_reduce_overhead_under_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
