@@ -95,8 +95,11 @@ def worker(nbytes: int) -> None:
             print(json.dumps({"route": words[0], "s": timed(cuda, go)}), flush=True)
 
 
-def _ask(procs: list[subprocess.Popen[str]], word: str | None) -> list[str]:
-    """Send ``word`` to every worker (None: nothing), then read one line from each."""
+def _ask(
+    procs: list[subprocess.Popen[str]], word: str | None, expect: str | None = None
+) -> list[str]:
+    """Send ``word`` to every worker (None: nothing), then read one line from each; with
+    ``expect``, each line must be that word."""
     def stopped(p: subprocess.Popen[str]) -> SystemExit:
         return SystemExit(f"a worker stopped at {word or 'set-up'} (exit status {p.wait()})")
 
@@ -114,6 +117,8 @@ def _ask(procs: list[subprocess.Popen[str]], word: str | None) -> list[str]:
         line = p.stdout.readline()
         if not line:
             raise stopped(p)
+        if expect is not None and line.strip() != expect:
+            raise SystemExit(f"a worker answered {line.strip()!r} to {word or 'set-up'}")
         lines.append(line)
     return lines
 
@@ -128,11 +133,12 @@ def _run(gpus: list[int], nbytes: int) -> list[dict[str, list[float]]]:
             subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         )
     try:
-        _ask(procs, None)  # each says "ready"
+        _ask(procs, None, expect="ready")
         times: list[dict[str, list[float]]] = [{r: [] for r in ROUTES} for _ in procs]
         for route in ROUTES:
             for _ in range(REPEATS):
-                _ask(procs, f"setup {route}")  # every worker set up before any starts
+                # every worker set up before any starts
+                _ask(procs, f"setup {route}", expect="set")
                 for k, line in enumerate(_ask(procs, route)):
                     times[k][route].append(json.loads(line)["s"])
         return times

@@ -613,8 +613,11 @@ def test_ranks_probe_asks_every_worker_and_reports_one_that_stopped() -> None:
                 p.wait(timeout=30)
 
     with workers(echo, echo) as procs:
-        assert ranks_probe._ask(procs, None) == ["ready\n", "ready\n"]
+        assert ranks_probe._ask(procs, None, expect="ready") == ["ready\n", "ready\n"]
         assert ranks_probe._ask(procs, "setup h2d") == ["got setup h2d\n"] * 2
+        # a worker that answers something else than the word the step waits for
+        with pytest.raises(SystemExit, match="answered 'got setup d2h' to setup d2h"):
+            ranks_probe._ask(procs, "setup d2h", expect="set")
     with workers(echo, quits) as procs:
         ranks_probe._ask(procs, None)
         procs[1].wait(timeout=30)  # gone before it is asked: a broken pipe, not a traceback
