@@ -84,7 +84,7 @@ with ``stock_s`` the median seconds of the ``stock`` mode. Printed per mode: its
 seconds (median over rounds of the per-worker medians; null when it ran out of memory), its
 ratio to ``um-static``, to ``um-prev`` and to the floor, and its agreement with stock: the
 largest absolute difference of the per-step losses (train) or the relative difference of the
-logits checksum, float(logits.float().sum()) of the fixed input (infer). Then, for train
+logits checksum, float(logits.sum(dtype=float32)) of the fixed input (infer). Then, for train
 and infer, each mode's step over the peer's within each round (``per_peer_by_round``: the
 peer's own time varies between rounds, so a ratio of medians alone can mislead).
 
@@ -705,7 +705,10 @@ def _run(
                 logits = model(ids).logits
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
-                values.append(float(logits.float().sum()))
+                # Summed in float32 without a float32 copy of the logits: that copy (0.8 GB
+                # here) stayed in the allocator's cache and, under a 2 GiB budget, made the
+                # engine discard and place part of it again every forward (step 21).
+                values.append(float(logits.sum(dtype=torch.float32)))
                 del logits
     info.update(
         times_s=times,
