@@ -520,6 +520,7 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
     batch-size change, weights changed between forwards, no_grad as well as
     inference_mode, and a call whose parameter is written in place during it."""
     release_cache(torch)
+    held_before = torch.cuda.memory_allocated()
     um.configure(device_budget="90%", read_copies=False)
     model, x = _nudged(3)
     expect, expect_small = [], []
@@ -558,6 +559,12 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
             model(x)
     assert um.predict_stats()["predict.stream_streamed_bytes"] > mid["predict.stream_streamed_bytes"]
     assert _on_device(um) <= 160 * MiB
+    # empty_cache gives the streamer's ring (32 MiB, kept between forwards) back too, at
+    # once: nothing of this test stays allocated for the next one to build on.
+    del model, x, got, got_small, expect, expect_small, expect_halved, nudged_after
+    release_cache(torch)
+    held = torch.cuda.memory_allocated() - held_before
+    assert held < 16 * MiB, f"{held} bytes still allocated (the ring: 32 MiB)"
 
 
 def test_inference_read_only_copies(torch_mod: Any, um: Any, limits: Limits) -> None:

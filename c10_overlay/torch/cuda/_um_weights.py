@@ -344,8 +344,13 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         return run is not None and t.data_ptr() in run.buffers
 
     def release(self) -> None:
-        """Give the rings back to the allocator (the hooks are off: nothing streams); a
-        forward under way keeps its own until it ends, then drops it."""
+        """Give the rings back to the allocator (the hooks are off: nothing streams)."""
+        self.drop_rings()
+
+    def drop_rings(self) -> None:
+        """Give the rings back to the allocator (``torch.cuda.empty_cache`` calls this,
+        um.py); a forward under way keeps its own until it ends, then drops it, and the
+        next forward that streams makes a new one."""
         with self._lock:
             self._rings.clear()
             self._generation += 1

@@ -1102,12 +1102,37 @@ def _weight_streamer() -> Any:
     if _streamer is None:
         from torch.cuda import _um_weights
 
+        _patch_empty_cache()
+
         _streamer = _um_weights.Streamer(
             _stream_counters, _send_to_host, _current_budget(), lookahead
         )
     _streamer.max_lookahead = lookahead
     _streamer.active = True
     return _streamer
+
+
+def _patch_empty_cache() -> None:
+    """``torch.cuda.empty_cache`` also gives back the weight streamer's rings, device memory
+    it keeps cached between forwards (Note [Weight streaming]). Otherwise a ring outlives
+    the cache it belongs to until the pressure watcher removes the hooks, and a program
+    that empties the cache to start afresh (the GPU tests do, between workloads) still
+    finds the ring's segment held, its free part then hosting the next model's blocks."""
+    from torch.cuda import memory
+
+    original = memory.empty_cache
+    if getattr(original, "_um_streamer_rings", False):
+        return
+
+    def empty_cache() -> None:
+        if _streamer is not None:
+            _streamer.drop_rings()
+        original()
+
+    empty_cache.__doc__ = original.__doc__
+    empty_cache._um_streamer_rings = True  # type: ignore[attr-defined]
+    memory.empty_cache = empty_cache
+    torch.cuda.empty_cache = empty_cache
 
 
 def predict_stats() -> dict[str, int]:
