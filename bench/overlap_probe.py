@@ -21,6 +21,13 @@ The copies go in CHUNK pieces into a ring of RING bytes, all queued when the for
 starts. Per route: the forward's time on the compute stream (CUDA events) with the copies
 beside it, which it does not wait for, and the copies' time alone. The managed
 range is raw ``cudaMallocManaged`` memory, refused past 80 % of free GPU memory.
+
+Each route also runs the copies the streamer's way, issued from the host during the
+forward (a forward pre-hook on each transformer block queues its share of the pieces),
+and every measurement keeps the host's seconds until ``model(ids)`` returns: step 19
+found the page-locked route left the forward bound by the host's launches, every torch
+call slower, and this tells whether the copies alone do that, with no engine and no
+streamer (bench/README.md, step 22).
 """
 
 from __future__ import annotations
@@ -111,38 +118,84 @@ def main(argv: list[str] | None = None) -> int:
         def forward() -> None:
             model(ids)
 
+        blocks = list(model.transformer.h)
+        share = -(-len(pieces) // len(blocks))
+        issue: dict[str, Any] = {"route": "none"}
+
+        def copy_share(block: Any, _args: Any) -> None:
+            """Queue this block's share of the pieces (the streamer's way: during the forward)."""
+            route = issue["route"]
+            if route == "none":
+                return
+            how, where = route.split("-")
+            src = sources[where]
+            i = blocks.index(block)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for s, r, n in pieces[i * share : (i + 1) * share]:
+                    dst, part = ring[r : r + n], src[s : s + n]
+                    if how == "kernel":
+                        torch._foreach_copy_([dst], [part])
+                    else:
+                        dst.copy_(part, non_blocking=True)
+
+        hooks = [blk.register_forward_pre_hook(copy_share) for blk in blocks]
+
+        def timed(start: Callable[[], None]) -> tuple[float, float]:
+            """(compute stream seconds, host seconds until the forward returns)."""
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            t0 = time.perf_counter()
+            start()
+            forward()
+            host = time.perf_counter() - t0
+            end.record()  # the compute stream's own end, not the copies'
+            torch.cuda.synchronize()
+            return begin.elapsed_time(end) / 1e3, host
+
         for route in ROUTES:
             start = copies(route)
-            fwd, alone = [], []
+            fwd, alone, host, fwd_in, host_in = [], [], [], [], []
             for rep in range(args.reps + 1):  # rep 0 warms up
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 start()
                 torch.cuda.synchronize()
                 t1 = time.perf_counter()
-                begin = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                begin.record()
-                start()
-                forward()
-                end.record()  # the compute stream's own end, not the copies'
-                torch.cuda.synchronize()
+                fw, hw = timed(start)
+                issue["route"] = route  # the same copies, from the blocks' pre-hooks
+                try:
+                    fi, hi = timed(lambda: None)
+                finally:
+                    issue["route"] = "none"
                 if rep:
                     alone.append(t1 - t0)
-                    fwd.append(begin.elapsed_time(end) / 1e3)
-            row = {
+                    fwd.append(fw)
+                    host.append(hw)
+                    fwd_in.append(fi)
+                    host_in.append(hi)
+            row: dict[str, Any] = {
                 "route": route,
                 "copies_alone_s": statistics.median(alone),
                 "forward_with_copies_s": statistics.median(fwd),
+                "host_s": statistics.median(host),
+                "forward_copies_in_forward_s": statistics.median(fwd_in),
+                "host_copies_in_forward_s": statistics.median(host_in),
                 "copy_gb_s": total / statistics.median(alone) / 1e9 if route != "none" else None,
             }
             rows.append(row)
             gbs = f"{row['copy_gb_s']:.1f} GB/s" if row["copy_gb_s"] else "-"
             print(
-                f"{route:15s} forward with copies {row['forward_with_copies_s'] * 1e3:7.2f} ms, "
+                f"{route:15s} forward with copies {row['forward_with_copies_s'] * 1e3:7.2f} ms "
+                f"(host {row['host_s'] * 1e3:6.2f} ms); issued during it "
+                f"{row['forward_copies_in_forward_s'] * 1e3:7.2f} ms "
+                f"(host {row['host_copies_in_forward_s'] * 1e3:6.2f} ms); "
                 f"copies alone {row['copies_alone_s'] * 1e3:7.2f} ms ({gbs})",
                 flush=True,
             )
+        for hook in hooks:
+            hook.remove()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bytes": total, "chunk": CHUNK, "ring": RING, "rows": rows}, f, indent=1)
