@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import platform
 import threading
@@ -1124,12 +1125,12 @@ def _patch_empty_cache() -> None:
     if getattr(original, "_um_streamer_rings", False):
         return
 
+    @functools.wraps(original)
     def empty_cache() -> None:
         if _streamer is not None:
             _streamer.drop_rings()
         original()
 
-    empty_cache.__doc__ = original.__doc__
     empty_cache._um_streamer_rings = True  # type: ignore[attr-defined]
     memory.empty_cache = empty_cache
     torch.cuda.empty_cache = empty_cache
