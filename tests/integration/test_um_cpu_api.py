@@ -337,3 +337,42 @@ def test_good_environment_is_read(um: tuple[UmPath, Path]) -> None:
         "max_managed": str(1 << 30),
         "device_budget": "40%",
     }
+
+
+EMPTY_CACHE_PROBE = r"""
+import json, torch
+import torch.cuda.um as um
+original = torch.cuda.empty_cache
+
+class Streamer:  # stands in for _um_weights.Streamer: counts the calls that drop its rings
+    dropped = 0
+
+    def drop_rings(self):
+        Streamer.dropped += 1
+
+um._patch_empty_cache()
+um._patch_empty_cache()  # made again: still one wrapper
+um._streamer = Streamer()
+torch.cuda.empty_cache()
+torch.cuda.memory.empty_cache()
+f = torch.cuda.empty_cache
+print(json.dumps({"dropped": Streamer.dropped, "same": f is torch.cuda.memory.empty_cache,
+                  "wraps_stock": f.__wrapped__ is original, "name": f.__name__,
+                  "doc": f.__doc__ == original.__doc__, "init": torch.cuda.is_initialized()}))
+"""
+
+
+def test_empty_cache_also_drops_the_streamers_rings(um: tuple[UmPath, Path]) -> None:
+    """Once the weight streamer exists, ``torch.cuda.empty_cache`` (under either name) first
+    drops its rings (Note [Weight streaming]), then does what stock does; wrapped once, with
+    stock's name and docstring, and without initialising CUDA."""
+    _, venv = um
+    got = probe(venv, EMPTY_CACHE_PROBE)
+    assert got == {
+        "dropped": 2,
+        "same": True,
+        "wraps_stock": True,
+        "name": "empty_cache",
+        "doc": True,
+        "init": False,
+    }
