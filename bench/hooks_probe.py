@@ -11,7 +11,11 @@ warms up, then prints JSON lines:
 - per forward, the host seconds until ``model(ids)`` returns and the wall seconds until
   the device is done: host well under wall means the device bounds the forward; host
   close to wall means the host does, or the host was held back (a full launch queue, a
-  synchronous wait in the allocator);
+  synchronous wait in the allocator); under ``um`` also each forward's change in the
+  engine's counters (bench.residency.PHASE_COUNTERS and the predictor's, the nonzero
+  ones: discards and placements of dead blocks, evictor and fence waits) and the caching
+  allocator's reserved and allocated bytes after them (step 21 of bench/README.md read
+  the dead-chunk churn from these);
 - the host seconds a forward spends in each global module hook (each wrapped in a timer),
   and the module calls a forward makes;
 - with ``--profile``, cProfile's 40 heaviest functions over two forwards, by own time.
@@ -28,8 +32,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import run_main, safe_cap, um_module
-from bench.residency import DEFAULT_BUDGET, UM_CONF, _build_model, _tokens, parse_size
+from bench.common import counter_change, run_main, safe_cap, um_module
+from bench.residency import (
+    DEFAULT_BUDGET,
+    UM_CONF,
+    _build_model,
+    _tokens,
+    engine_counters,
+    parse_size,
+)
 
 
 def _timed_hooks(hooks: dict[int, Callable[..., Any]], tag: str, spent: dict[str, float]) -> None:
@@ -73,16 +84,28 @@ def main(argv: list[str] | None = None) -> int:
 
     for _ in range(a.warmup):
         forward()
-    host, wall = [], []
+    host, wall, changes = [], [], []
     for _ in range(a.forwards):
         torch.cuda.synchronize()
+        before = engine_counters(um)
         t0 = time.perf_counter()
         forward()
         t1 = time.perf_counter()
         torch.cuda.synchronize()
         host.append(t1 - t0)
         wall.append(time.perf_counter() - t0)
-    first = {"mode": a.mode, "conf": a.conf if um else None, "host_s": host, "wall_s": wall}
+        change = counter_change(before, engine_counters(um))
+        changes.append({k: v for k, v in change.items() if v})
+    first: dict[str, Any] = {
+        "mode": a.mode,
+        "conf": a.conf if um else None,
+        "host_s": host,
+        "wall_s": wall,
+    }
+    if um is not None:
+        first["counters_per_forward"] = changes
+        first["reserved_bytes"] = torch.cuda.memory_reserved()
+        first["allocated_bytes"] = torch.cuda.memory_allocated()
     print(json.dumps({**first, "free_at_start": free, "cap": cap if um else None}))
 
     spent: dict[str, float] = {}
