@@ -97,23 +97,24 @@ def main(argv: list[str] | None = None) -> int:
         managed.fill_(1)  # pages in host RAM that hold data (written by the GPU in place)
         sources = {"managed": managed, "pinned": pinned}
 
-        def copies(route: str) -> Callable[[], None]:
+        def queue(route: str, some: list[tuple[int, int, int]]) -> None:
+            """Queue the pieces ``some`` on the side stream by ``route``, after the compute
+            stream's work so far."""
             if route == "none":
-                return lambda: None
+                return
             how, where = route.split("-")
             src = sources[where]
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for s, r, n in some:
+                    dst, part = ring[r : r + n], src[s : s + n]
+                    if how == "kernel":
+                        torch._foreach_copy_([dst], [part])
+                    else:
+                        dst.copy_(part, non_blocking=True)
 
-            def go() -> None:
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for s, r, n in pieces:
-                        dst, part = ring[r : r + n], src[s : s + n]
-                        if how == "kernel":
-                            torch._foreach_copy_([dst], [part])
-                        else:
-                            dst.copy_(part, non_blocking=True)
-
-            return go
+        def copies(route: str) -> Callable[[], None]:
+            return lambda: queue(route, pieces)
 
         def forward() -> None:
             model(ids)
@@ -122,24 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         share = -(-len(pieces) // len(blocks))
         issue: dict[str, Any] = {"route": "none"}
 
-        def copy_share(block: Any, _args: Any) -> None:
-            """Queue this block's share of the pieces (the streamer's way: during the forward)."""
-            route = issue["route"]
-            if route == "none":
-                return
-            how, where = route.split("-")
-            src = sources[where]
-            i = blocks.index(block)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for s, r, n in pieces[i * share : (i + 1) * share]:
-                    dst, part = ring[r : r + n], src[s : s + n]
-                    if how == "kernel":
-                        torch._foreach_copy_([dst], [part])
-                    else:
-                        dst.copy_(part, non_blocking=True)
+        def copy_share(i: int) -> Callable[[Any, Any], None]:
+            """Block i's pre-hook: queue its share of the pieces (the streamer's way)."""
+            return lambda _block, _args: queue(issue["route"], pieces[i * share : (i + 1) * share])
 
-        hooks = [blk.register_forward_pre_hook(copy_share) for blk in blocks]
+        hooks = [blk.register_forward_pre_hook(copy_share(i)) for i, blk in enumerate(blocks)]
 
         def timed(start: Callable[[], None]) -> tuple[float, float]:
             """(compute stream seconds, host seconds until the forward returns)."""

@@ -274,7 +274,7 @@ class _Pass:
         self.evicted, self.discarded, _ = counters  # the engine's, at the start
         self.sent = 0  # bytes the streamer sent to host RAM itself
         self.following = record is not None
-        self.generation = generation  # Streamer.release() calls when it began
+        self.generation = generation  # Streamer.drop_rings() calls when it began
         self.calls: list[_Call] = []
         self.issued: dict[int, _Copy] = {}
         self.next_issue = 0
@@ -305,7 +305,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         super().__init__()
         self._records: dict[int, _Record] = {}  # id(root) -> record
         self._rings: dict[int, _Ring] = {}  # device -> its ring, while no forward has it
-        self._generation = 0  # release() calls so far
+        self._generation = 0  # drop_rings() calls so far
         self.margin = max(16 << 20, budget // 16)
         self.max_lookahead = max_lookahead
         self.budget = budget
@@ -343,14 +343,10 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         run: _Pass | None = self.current()
         return run is not None and t.data_ptr() in run.buffers
 
-    def release(self) -> None:
-        """Give the rings back to the allocator (the hooks are off: nothing streams)."""
-        self.drop_rings()
-
     def drop_rings(self) -> None:
-        """Give the rings back to the allocator (``torch.cuda.empty_cache`` calls this,
-        um.py); a forward under way keeps its own until it ends, then drops it, and the
-        next forward that streams makes a new one."""
+        """Give the rings back to the allocator (um.py calls this when the hooks come off,
+        and ``torch.cuda.empty_cache`` does); a forward under way keeps its own until it
+        ends, then drops it, and the next forward that streams makes a new one."""
         with self._lock:
             self._rings.clear()
             self._generation += 1

@@ -1011,7 +1011,7 @@ def _remove_hooks() -> None:
         _stager.active = False
     if _streamer is not None:
         _streamer.active = False
-        _streamer.release()
+        _streamer.drop_rings()
     while _hook_handles:
         handle = _hook_handles.pop()
         handle.remove()  # type: ignore[attr-defined]
