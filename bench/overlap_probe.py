@@ -15,7 +15,14 @@ in device memory (no engine), what each route does to the forward's time:
   streamer today; PreferredLocation=host, AccessedBy=GPU, prefetched to the host);
 - ``memcpy-managed``: ``copy_`` (cudaMemcpyAsync) from the same memory;
 - ``memcpy-pinned``: ``copy_`` from page-locked host memory (a copy engine, plain DMA);
-- ``kernel-pinned``: ``torch._foreach_copy_`` from page-locked memory (zero-copy reads).
+- ``kernel-pinned``: ``torch._foreach_copy_`` from page-locked memory, read in place by
+  the kernel through a device view of it (zero-copy reads). Before step 23 this route
+  handed foreach the CPU tensor itself, which foreach copies one tensor at a time with a
+  blocking ``copy_``: its numbers up to step 22 are the host waiting for DMA, not a kernel;
+- ``greenN-managed``, ``greenN-pinned``: the ``kernel`` route's copies on a stream of a
+  CUDA green context of N SMs (``torch.cuda.green_contexts``), so that the copy kernels,
+  which hold their SMs while they wait on the link, may take at most N of them
+  (bench/README.md, step 23).
 
 The copies go in CHUNK pieces into a ring of RING bytes, all queued when the forward
 starts. Per route: the forward's time on the compute stream (CUDA events) with the copies
@@ -46,6 +53,21 @@ RING = 128 << 20
 ROUTES = ("none", "kernel-managed", "memcpy-managed", "memcpy-pinned", "kernel-pinned")
 
 
+def green_stream(torch: Any, sms: int) -> Any:
+    """A stream whose kernels run on at most ``sms`` SMs, or the reason there is none."""
+    from torch.cuda import green_contexts
+
+    if not green_contexts.SUPPORTED:
+        raise RuntimeError("this torch was built without green context support")
+    ctx = green_contexts.GreenContext.create(sms, torch.cuda.current_device())
+    s = ctx.Stream()
+    if not isinstance(s, torch.cuda.Stream):
+        s = torch.cuda.Stream(
+            stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type
+        )
+    return ctx, s
+
+
 def chunks(total: int, chunk: int, ring: int) -> list[tuple[int, int, int]]:
     """(source offset, ring offset, bytes) pieces that cover ``total`` once, the ring
     reused in order."""
@@ -62,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gib", type=float, default=1.3, help="bytes copied per forward")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument(
+        "--green-sms", default="8,16,32", help="SM counts of the green-context routes ('' none)"
+    )
     args = ap.parse_args(argv)
     import importlib
 
@@ -86,6 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     ring = torch.empty(RING, dtype=torch.uint8, device="cuda")
     pinned = torch.empty(total, dtype=torch.uint8, pin_memory=True)
     side = torch.cuda.Stream()
+    streams = {"kernel": side, "memcpy": side}
+    routes = list(ROUTES)
+    greens = []  # the contexts live as long as their streams
+    for n in (int(x) for x in args.green_sms.split(",") if x.strip()):
+        try:
+            ctx, streams[f"green{n}"] = green_stream(torch, n)
+        except Exception as e:  # an old driver, a torch without it: say so, go on
+            print(f"green{n}: no green context ({e})", flush=True)
+            continue
+        greens.append(ctx)
+        routes += [f"green{n}-managed", f"green{n}-pinned"]
     pieces = chunks(total, CHUNK, RING)
     rows: list[dict[str, Any]] = []
     with cuda.fresh(total) as ptr, torch.inference_mode():
@@ -95,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         cuda.sync()
         managed = torch.as_tensor(Span(ptr, total), device="cuda").view(torch.uint8)
         managed.fill_(1)  # pages in host RAM that hold data (written by the GPU in place)
+        pinned.fill_(2)
+        # Kernels read page-locked memory through a device view of it (zero copy).
+        pinned_view = torch.as_tensor(Span(pinned.data_ptr(), total), device="cuda")
         sources = {"managed": managed, "pinned": pinned}
+        kernel_sources = {"managed": managed, "pinned": pinned_view.view(torch.uint8)}
 
         def queue(route: str, some: list[tuple[int, int, int]]) -> None:
             """Queue the pieces ``some`` on the side stream by ``route``, after the compute
@@ -103,15 +143,34 @@ def main(argv: list[str] | None = None) -> int:
             if route == "none":
                 return
             how, where = route.split("-")
-            src = sources[where]
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            src = sources[where] if how == "memcpy" else kernel_sources[where]
+            stream = streams[how]
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
                 for s, r, n in some:
                     dst, part = ring[r : r + n], src[s : s + n]
-                    if how == "kernel":
-                        torch._foreach_copy_([dst], [part])
-                    else:
+                    if how == "memcpy":
                         dst.copy_(part, non_blocking=True)
+                    else:
+                        torch._foreach_copy_([dst], [part])
+
+        def sync() -> None:
+            """Wait for the device: green contexts' streams too, which a device-wide
+            synchronisation of the primary context may not cover."""
+            torch.cuda.synchronize()
+            for st in streams.values():
+                st.synchronize()
+
+        def copied_right(route: str) -> bool | None:
+            """Whether the route's copies, alone, leave the ring holding the source's bytes."""
+            if route == "none":
+                return None
+            ring.zero_()
+            sync()
+            copies(route)()
+            sync()
+            want = 1 if route.endswith("managed") else 2
+            return bool(ring[: min(total, RING)].eq(want).all())
 
         def copies(route: str) -> Callable[[], None]:
             return lambda: queue(route, pieces)
@@ -139,17 +198,17 @@ def main(argv: list[str] | None = None) -> int:
             forward()
             host = time.perf_counter() - t0
             end.record()  # the compute stream's own end, not the copies'
-            torch.cuda.synchronize()
+            sync()
             return begin.elapsed_time(end) / 1e3, host
 
-        for route in ROUTES:
+        for route in routes:
             start = copies(route)
             fwd, alone, host, fwd_in, host_in = [], [], [], [], []
             for rep in range(args.reps + 1):  # rep 0 warms up
-                torch.cuda.synchronize()
+                sync()
                 t0 = time.perf_counter()
                 start()
-                torch.cuda.synchronize()
+                sync()
                 t1 = time.perf_counter()
                 fw, hw = timed(start)
                 issue["route"] = route  # the same copies, from the blocks' pre-hooks
@@ -171,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                 "forward_copies_in_forward_s": statistics.median(fwd_in),
                 "host_copies_in_forward_s": statistics.median(host_in),
                 "copy_gb_s": total / statistics.median(alone) / 1e9 if route != "none" else None,
+                "copied_right": copied_right(route),
             }
             rows.append(row)
             gbs = f"{row['copy_gb_s']:.1f} GB/s" if row["copy_gb_s"] else "-"
@@ -179,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"(host {row['host_s'] * 1e3:6.2f} ms); issued during it "
                 f"{row['forward_copies_in_forward_s'] * 1e3:7.2f} ms "
                 f"(host {row['host_copies_in_forward_s'] * 1e3:6.2f} ms); "
-                f"copies alone {row['copies_alone_s'] * 1e3:7.2f} ms ({gbs})",
+                f"copies alone {row['copies_alone_s'] * 1e3:7.2f} ms ({gbs}); "
+                f"right: {row['copied_right']}",
                 flush=True,
             )
         for hook in hooks:

@@ -512,16 +512,33 @@ def _nudged(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
     return model.cuda().eval(), torch.randn(256, 1024, device="cuda")
 
 
+@pytest.mark.parametrize("copy_sms", ["auto", 0])
 def test_inference_streams_weights_by_copy_and_matches_in_memory(
-    torch_mod: Any, um: Any, limits: Limits
+    torch_mod: Any, um: Any, limits: Limits, copy_sms: int | str
 ) -> None:
     """Note [Weight streaming]: past the budget, forwards without autograd read the
     parameters of some module calls by copy; outputs equal the in-memory run's through a
     batch-size change, weights changed between forwards, no_grad as well as
-    inference_mode, and a call whose parameter is written in place during it."""
+    inference_mode, and a call whose parameter is written in place during it. The
+    copies run on a green context's few SMs (auto: Note [Copies on few SMs]) and on a
+    plain stream (0)."""
+    from torch.cuda import _um_streams, green_contexts
+
     release_cache(torch)
     held_before = torch.cuda.memory_allocated()
-    um.configure(device_budget="90%", read_copies=False)
+    um.configure(device_budget="90%", read_copies=False, predict_copy_sms=copy_sms)
+    try:
+        _streams_weights(torch, um, held_before)
+    finally:
+        um.configure(predict_copy_sms="auto")
+    want = 0
+    if copy_sms == "auto" and green_contexts.SUPPORTED:
+        want = _um_streams.auto_copy_sms(0)
+    got_sms = um.predict_stats()["predict.stream_copy_sms"]
+    assert got_sms == want, (got_sms, _um_streams.green_failures)
+
+
+def _streams_weights(torch: Any, um: Any, held_before: int) -> None:
     model, x = _nudged(3)
     expect, expect_small = [], []
     with torch.inference_mode():

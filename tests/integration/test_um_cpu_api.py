@@ -27,7 +27,8 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
-    "predict, predict_lookahead, read_copies, host_alloc, host_alloc_min, pin_in_place."
+    "predict, predict_lookahead, predict_copy_sms, read_copies, host_alloc, host_alloc_min, "
+    "pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
 RESIDENCY = {
@@ -36,6 +37,7 @@ RESIDENCY = {
     "hooks": "True",
     "predict": "True",
     "predict_lookahead": str(1 << 30),
+    "predict_copy_sms": "auto",
     "read_copies": "False",
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
@@ -93,6 +95,12 @@ um.set_max_managed(3 << 30); um.set_device_budget("12.5%"); um.set_host_headroom
 out["setters"] = um.get_config()
 um.set_max_managed(None); um.configure(enabled=True)
 out["reset"] = um.get_config()
+um.configure(predict_copy_sms=16)
+out["copy_sms"] = um.get_config()["predict_copy_sms"]
+um.configure("predict_copy_sms:0")
+out["copy_sms_text"] = um.get_config()["predict_copy_sms"]
+um.configure(predict_copy_sms="auto")
+out["copy_sms_auto"] = um.get_config()["predict_copy_sms"]
 
 bad = {}
 for conf in json.loads(sys.argv[1]):
@@ -108,7 +116,8 @@ pybad = {}
 for name, kwargs in {"bool_enabled": {"enabled": "yes"}, "negative": {"max_managed": -1},
                      "bool_size": {"host_headroom": True}, "float_size": {"device_budget": 1.5},
                      "str_predict": {"predict": "yes"},
-                     "small_lookahead": {"predict_lookahead": "4KiB"}}.items():
+                     "small_lookahead": {"predict_lookahead": "4KiB"},
+                     "bool_copy_sms": {"predict_copy_sms": True}}.items():
     try:
         um.configure(**kwargs)
         pybad[name] = None
@@ -171,6 +180,8 @@ BAD = {
     "host_alloc_min:big": ["'host_alloc_min' takes a size", "got 'big'"],
     "predict:often": ["'predict' takes True or False, got 'often'"],
     "predict_lookahead:4096": ["'predict_lookahead'", "at least 1MiB, got '4096'"],
+    "predict_copy_sms:half": ["'predict_copy_sms' takes auto, 0", "got 'half'"],
+    "predict_copy_sms:2.5": ["'predict_copy_sms' takes auto", "got '2.5'"],
     # a bad item after a good one: nothing applies (the probe checks get_config is unchanged)
     "enabled:False,prefetch:nope": ["'prefetch' takes True or False, got 'nope'"],
 }
@@ -238,6 +249,7 @@ def test_configure_get_config_round_trip(api: dict[str, Any]) -> None:
         **RESIDENCY,
     }
     assert api["reset"] == {**api["setters"], "enabled": "True", "max_managed": "none"}
+    assert (api["copy_sms"], api["copy_sms_text"], api["copy_sms_auto"]) == ("16", "0", "auto")
 
 
 @pytest.mark.parametrize("conf", list(BAD))
@@ -257,6 +269,7 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
         "float_size": "TypeError",
         "str_predict": "TypeError",
         "small_lookahead": "ValueError",  # the engine's message: at least 1MiB
+        "bool_copy_sms": "TypeError",
     }
     assert api["predict_stats"] == {}  # no forward ran past a budget
 

@@ -2,7 +2,24 @@
 state staging], Note [Weight streaming]): the side streams its copies run on, one per
 device and role, made on first use and kept for the process, so that each kind of copy
 queues behind its own kind only; and the current stream, read cheaply, since the hooks
-read it at every module call. Thread-safe."""
+read it at every module call. Thread-safe.
+
+Note [Copies on few SMs]
+A copy kernel that reads host RAM holds its SMs while it waits on the link. Beside an
+inference forward, 1.3 GB of such copies (the weight streamer's, one foreach kernel per
+call) took the forward's kernels from 24.6 to 43.3 ms on an H200, as much as a
+cudaMemcpyAsync from managed memory (49.6 ms), which the driver also runs on SMs; only a
+copy engine's DMA from page-locked memory left them alone (26.0 ms). On a stream of a CUDA
+green context limited to 8, 16 or 32 SMs the same copies left the forward at 30.2, 33.1
+and 36.3 ms, and ran at 37, 48 and 49 GB/s against 49 on every SM
+(``python -m bench.overlap_probe``, bench/README.md step 23). So the weight streamer's
+copies go to such a stream (``predict_copy_sms``; auto: an eighth of the SMs, a multiple of
+8, at least 8: 16 on an H200). A green context limits where its own kernels run, not
+the rest: the forward's kernels may still use every SM. Events order work across the
+two contexts of the device as within one; a device-wide synchronisation of the primary
+context is not relied on to cover the green context's stream: every copy the streamer
+issues is waited for by the compute stream within the forward.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +29,8 @@ import torch
 
 _lock = threading.Lock()
 _streams: dict[tuple[int, str], torch.cuda.Stream] = {}
+_green: dict[tuple[int, int], tuple[object, torch.cuda.Stream]] = {}  # (device, SMs) -> both
+green_failures: dict[tuple[int, int], str] = {}  # (device, SMs) -> why none was made
 # The current stream's handle without making a Stream object (which costs microseconds;
 # an inference forward's hooks asked for it some 340 times: bench/README.md, step 15).
 _raw_current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -26,6 +45,48 @@ def side_stream(device: int, role: str) -> torch.cuda.Stream:
         if s is None:
             s = _streams[key] = torch.cuda.Stream(device)
         return s
+
+
+def auto_copy_sms(device: int) -> int:
+    """``predict_copy_sms:auto``: an eighth of the device's SMs, a multiple of 8 (the
+    granule of a green context's SMs on compute capability 9.0 and later), at least 8."""
+    sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return max(8, sms // 8 // 8 * 8)
+
+
+def few_sm_stream(device: int, role: str, sms: int) -> tuple[torch.cuda.Stream, int]:
+    """A stream on ``device`` whose kernels run on at most ``sms`` SMs (Note [Copies on few
+    SMs]), with the SMs it got; ``sms`` 0, or a device, driver or torch without green
+    contexts, gives the plain side stream of ``role`` and 0 (``green_failures`` says why,
+    once per device and count). One per device and count, kept for the process."""
+    if sms <= 0:
+        return side_stream(device, role), 0
+    key = (device, sms)
+    with _lock:
+        made = _green.get(key)
+        if made is not None:
+            return made[1], sms
+        if key not in green_failures:
+            try:
+                made = _green[key] = _make_green(device, sms)
+                return made[1], sms
+            except Exception as e:  # any failure leaves the plain route
+                green_failures[key] = f"{type(e).__name__}: {e}"
+    return side_stream(device, role), 0
+
+
+def _make_green(device: int, sms: int) -> tuple[object, torch.cuda.Stream]:
+    from torch.cuda import green_contexts
+
+    if not getattr(green_contexts, "SUPPORTED", False):
+        raise RuntimeError("this torch was built without CUDA green contexts")
+    ctx = green_contexts.GreenContext.create(sms, device)
+    s = ctx.Stream()
+    if not isinstance(s, torch.cuda.Stream):
+        s = torch.cuda.Stream(
+            stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type
+        )
+    return ctx, s
 
 
 def current_handle(device: int) -> int:

@@ -67,12 +67,14 @@ call that issued it, so copies and compute partly took turns (0.017 s of device 
 0.058-0.070 s a forward). Events cut the waits for copies to 0.004-0.006 s and the
 forward to 0.056 s, against 0.060 s in the same run. What is left (step 15's
 timeline): the foreach copy kernels share the SMs with the forward's (its kernels take
-0.030 s instead of 0.026 s; copies by cudaMemcpyAsync, which leave the SMs alone, made the
-forward slower still); the forward's kernels wait 0.005 s behind a memset, for a reason
-not known; and the engine discards and places again 0.36 GB of the allocator's cached
-blocks a forward. Growing the target until those discards stopped streamed every weight
-(2.4 GB a forward) and made nothing faster; ordering dead chunks by their predicted reuse
-cut them to 0.14 GB but not the memset wait (step 16). A ring of a sixteenth of the
+0.030 s instead of 0.026 s; copies by cudaMemcpyAsync out of managed memory, which the
+driver runs on SMs too, made the forward slower still; the copies now run on a few SMs:
+Note [Copies on few SMs] in _um_streams.py, 0.051 -> 0.042 s a forward, step 23); the
+forward's kernels wait 0.005 s behind a memset, for a reason not known; and the engine
+discards and places again 0.36 GB of the allocator's cached blocks a forward. Growing
+the target until those discards stopped streamed every weight (2.4 GB a forward) and
+made nothing faster; ordering dead chunks by their predicted reuse cut them to 0.14 GB
+but not the memset wait (step 16). A ring of a sixteenth of the
 budget was 4 % faster than an eighth in one run (step 16); the size stays until it is
 chosen at run time. Where the copies read from matters more than how
 (``python -m bench.overlap_probe``, step 19): beside 1.3 GB of copies out of managed
@@ -93,7 +95,7 @@ from collections.abc import Callable
 
 import torch
 from torch.cuda import _um_plan as plan
-from torch.cuda._um_streams import current_stream, side_stream
+from torch.cuda._um_streams import auto_copy_sms, current_stream, few_sm_stream
 
 MIN_LOOKAHEAD = 32 << 20
 ALIGN = 512  # bytes: where each parameter's part of the ring starts
@@ -309,6 +311,8 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         self.margin = max(16 << 20, budget // 16)
         self.max_lookahead = max_lookahead
         self.budget = budget
+        self.copy_sms = -1  # predict_copy_sms: -1 auto, 0 any SM (Note [Copies on few SMs])
+        self._sides: dict[int, tuple[int, torch.cuda.Stream]] = {}  # device -> (setting, stream)
         self.active = True
         self.stats = dict.fromkeys(
             (
@@ -325,6 +329,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 "write_backs",
                 "pressured",
                 "target_bytes",
+                "copy_sms",
             ),
             0,
         )
@@ -526,7 +531,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 ],
                 (start, start + sum(sizes)),
             )
-            side = side_stream(run.device, "weights")
+            side = self._copy_stream(run.device)
             # After the calls that read this part of the ring before, and after every
             # write to its parameters queued so far (Note [Weight streaming]).
             versions = run.record.versions
@@ -550,6 +555,20 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 torch._foreach_copy_(views, params)
                 copy.done.record(side)
             run.issued[j] = copy
+
+    def _copy_stream(self, device: int) -> torch.cuda.Stream:
+        """The stream the copies run on: a green context's of ``copy_sms`` SMs (Note
+        [Copies on few SMs], _um_streams.py), or a plain one."""
+        setting = self.copy_sms
+        kept = self._sides.get(device)
+        if kept is not None and kept[0] == setting:
+            return kept[1]
+        want = setting if setting >= 0 else auto_copy_sms(device)
+        stream, got = few_sm_stream(device, "weights", want)
+        self._sides[device] = (setting, stream)
+        with self._lock:
+            self.stats["copy_sms"] = got  # the last device's; one device in practice
+        return stream
 
     def _restore(self, run: _Pass, module: torch.nn.Module) -> None:
         stack = run.swapped.get(id(module))

@@ -321,6 +321,7 @@ def configure(
     hooks: bool | None = None,
     predict: bool | None = None,
     predict_lookahead: Size | None = None,
+    predict_copy_sms: int | str | None = None,
     read_copies: bool | None = None,
     host_alloc: str | None = None,
     host_alloc_min: Size | None = None,
@@ -361,6 +362,13 @@ def configure(
             if not isinstance(flag, bool):
                 raise TypeError(f"{key} must be a bool, got {type(flag).__name__}")
             parts.append(f"{key}:{flag}")
+    if predict_copy_sms is not None:
+        if isinstance(predict_copy_sms, bool) or not isinstance(predict_copy_sms, (int, str)):
+            raise TypeError(
+                "predict_copy_sms must be 'auto' or an int, "
+                f"got {type(predict_copy_sms).__name__}"
+            )
+        parts.append(f"predict_copy_sms:{predict_copy_sms}")
     for key, size in (
         ("max_managed", max_managed),
         ("device_budget", device_budget),
@@ -1099,7 +1107,8 @@ def _weight_streamer() -> Any:
     """The process's weight streamer (Note [Weight streaming], torch/cuda/_um_weights.py),
     made on first use."""
     global _streamer
-    lookahead = int(get_config().get("predict_lookahead", 1 << 30))
+    cfg = get_config()
+    lookahead = int(cfg.get("predict_lookahead", 1 << 30))
     if _streamer is None:
         from torch.cuda import _um_weights
 
@@ -1109,6 +1118,8 @@ def _weight_streamer() -> Any:
             _stream_counters, _send_to_host, _current_budget(), lookahead
         )
     _streamer.max_lookahead = lookahead
+    sms = cfg.get("predict_copy_sms", "auto")
+    _streamer.copy_sms = -1 if sms == "auto" else int(sms)
     _streamer.active = True
     return _streamer
 

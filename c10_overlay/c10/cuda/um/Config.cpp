@@ -14,8 +14,8 @@ namespace {
 
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
-    "discard, hooks, predict, predict_lookahead, read_copies, host_alloc, "
-    "host_alloc_min, pin_in_place";
+    "discard, hooks, predict, predict_lookahead, predict_copy_sms, "
+    "read_copies, host_alloc, host_alloc_min, pin_in_place";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -168,6 +168,9 @@ std::string Config::str() const {
   s += ",predict:";
   s += predict ? "True" : "False";
   s += ",predict_lookahead:" + std::to_string(predict_lookahead);
+  s += ",predict_copy_sms:";
+  s += predict_copy_sms < 0 ? std::string("auto")
+                            : std::to_string(predict_copy_sms);
   s += ",read_copies:";
   s += read_copies ? "True" : "False";
   s += ",host_alloc:";
@@ -219,6 +222,20 @@ Config parseConfig(
           "brought back ahead of the backward; it must be at least 1MiB, got '",
           value,
           "'.");
+    } else if (key == "predict_copy_sms") {
+      if (value == "auto") {
+        cfg.predict_copy_sms = -1;
+      } else {
+        std::optional<double> n = parseNumber(value);
+        TORCH_CHECK(
+            n && *n == std::floor(*n) && *n <= 4096,
+            source,
+            ": 'predict_copy_sms' takes auto, 0 (the weight streamer's copies "
+            "may use every SM) or the most SMs they may use, such as 16, got '",
+            value,
+            "'.");
+        cfg.predict_copy_sms = static_cast<int32_t>(*n);
+      }
     } else if (key == "discard") {
       cfg.discard = parseBool(key, value, source);
     } else if (key == "pin_in_place") {

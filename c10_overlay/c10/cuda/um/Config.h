@@ -52,6 +52,12 @@ struct Config {
   // predict_lookahead bounds the bytes brought back ahead of their use.
   bool predict = true;
   uint64_t predict_lookahead = 1ull << 30;
+  // The weight streamer's copies (Note [Weight streaming]) run on a stream of
+  // a CUDA green context of at most this many SMs: a copy kernel holds its SMs
+  // while it waits on the link, and the forward's kernels beside it keep the
+  // rest. -1 is auto (an eighth of the device's SMs, a multiple of 8, at least
+  // 8); 0 lets the copies take any SM (a plain stream).
+  int32_t predict_copy_sms = -1;
   // Data its user only reads (parameters in a forward without autograd)
   // comes back to the device as a read-only copy, which leaves without a
   // write-back (Note [Read-only duplicates] in Residency.h). Off by default:
