@@ -389,3 +389,47 @@ def test_empty_cache_also_drops_the_streamers_rings(um: tuple[UmPath, Path]) -> 
         "doc": True,
         "init": False,
     }
+
+
+COPY_STREAM_PROBE = r"""
+import json, warnings, torch
+from torch.cuda import _um_streams, _um_weights
+
+def no_green(device, sms):
+    raise RuntimeError("no green contexts here")
+
+# No GPU here: the green context fails as on an old driver, and the plain stream is a stand-in.
+_um_streams._make_green = no_green
+_um_streams.side_stream = lambda device, role: f"plain:{device}:{role}"
+st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30)
+out = {}
+for setting in (24, 0):
+    st.copy_sms = setting
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = st._copy_stream(0)
+        again = st._copy_stream(0)  # kept: no second attempt, no second warning
+    out[str(setting)] = {"stream": got, "again": again, "sms": st.stats["copy_sms"],
+                         "warnings": [str(w.message) for w in caught]}
+out["failures"] = {str(k): v for k, v in _um_streams.green_failures.items()}
+out["init"] = torch.cuda.is_initialized()
+print(json.dumps(out))
+"""
+
+
+def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
+    """Note [Copies on few SMs]: where no green context can be made, the weight streamer's
+    copies take the plain stream; a count the user asked for by name (not auto, not 0)
+    warns once, naming the setting and the reason; the stream is kept per setting."""
+    _, venv = um
+    got = probe(venv, COPY_STREAM_PROBE)
+    asked = got["24"]
+    assert asked["stream"] == asked["again"] == "plain:0:weights"
+    assert asked["sms"] == 0
+    assert len(asked["warnings"]) == 1, asked["warnings"]
+    assert "predict_copy_sms:24" in asked["warnings"][0]
+    assert "no green contexts here" in asked["warnings"][0]
+    assert got["0"] == {"stream": "plain:0:weights", "again": "plain:0:weights", "sms": 0,
+                        "warnings": []}
+    assert got["failures"] == {"(0, 24)": "RuntimeError: no green contexts here"}
+    assert got["init"] is False

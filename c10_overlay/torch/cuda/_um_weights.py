@@ -69,7 +69,7 @@ forward to 0.056 s, against 0.060 s in the same run. What is left (step 15's
 timeline): the foreach copy kernels share the SMs with the forward's (its kernels take
 0.030 s instead of 0.026 s; copies by cudaMemcpyAsync out of managed memory, which the
 driver runs on SMs too, made the forward slower still; the copies now run on a few SMs:
-Note [Copies on few SMs] in _um_streams.py, 0.051 -> 0.042 s a forward, step 23); the
+Note [Copies on few SMs] in _um_streams.py, 0.051 -> 0.043 s a forward, step 23); the
 forward's kernels wait 0.005 s behind a memset, for a reason not known; and the engine
 discards and places again 0.36 GB of the allocator's cached blocks a forward. Growing
 the target until those discards stopped streamed every weight (2.4 GB a forward) and
@@ -90,12 +90,18 @@ the records, targets and counters are under a lock.
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 
 import torch
 from torch.cuda import _um_plan as plan
-from torch.cuda._um_streams import auto_copy_sms, current_stream, few_sm_stream
+from torch.cuda._um_streams import (
+    auto_copy_sms,
+    current_stream,
+    few_sm_stream,
+    green_failures,
+)
 
 MIN_LOOKAHEAD = 32 << 20
 ALIGN = 512  # bytes: where each parameter's part of the ring starts
@@ -566,6 +572,13 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         want = setting if setting >= 0 else auto_copy_sms(device)
         stream, got = few_sm_stream(device, "weights", want)
         self._sides[device] = (setting, stream)
+        if setting > 0 and got == 0:  # asked for by name: say why it was not had
+            why = green_failures.get((device, want), "unknown")
+            warnings.warn(
+                f"torch.cuda.um: predict_copy_sms:{setting} could not be had on device "
+                f"{device} ({why}); the weight streamer's copies may use every SM",
+                stacklevel=2,
+            )
         with self._lock:
             self.stats["copy_sms"] = got  # the last device's; one device in practice
         return stream
