@@ -412,6 +412,13 @@ for setting in (24, 0):
     out[str(setting)] = {"stream": got, "again": again, "sms": st.stats["copy_sms"],
                          "warnings": [str(w.message) for w in caught]}
 out["failures"] = {str(k): v for k, v in _um_streams.green_failures.items()}
+# configure() reaches a streamer that already exists at once, not at the next hook install.
+import torch.cuda.um as um
+um._streamer = st
+um.configure(predict_copy_sms=8)
+out["configured"] = st.copy_sms
+um.configure("predict_copy_sms:auto")
+out["configured_auto"] = st.copy_sms
 out["init"] = torch.cuda.is_initialized()
 print(json.dumps(out))
 """
@@ -420,7 +427,8 @@ print(json.dumps(out))
 def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     """Note [Copies on few SMs]: where no green context can be made, the weight streamer's
     copies take the plain stream; a count the user asked for by name (not auto, not 0)
-    warns once, naming the setting and the reason; the stream is kept per setting."""
+    warns once, naming the setting and the reason; the stream is kept per setting; and
+    configure() changes the setting of a streamer that exists at once."""
     _, venv = um
     got = probe(venv, COPY_STREAM_PROBE)
     asked = got["24"]
@@ -432,4 +440,5 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     assert got["0"] == {"stream": "plain:0:weights", "again": "plain:0:weights", "sms": 0,
                         "warnings": []}
     assert got["failures"] == {"(0, 24)": "RuntimeError: no green contexts here"}
+    assert (got["configured"], got["configured_auto"]) == (8, -1)
     assert got["init"] is False

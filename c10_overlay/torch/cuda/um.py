@@ -385,6 +385,7 @@ def configure(
     if lib.torch_um_configure(",".join(parts).encode(), err, _ERRLEN) != 0:
         raise ValueError(err.value.decode(errors="replace"))
     _apply_host_settings()
+    _apply_predict_settings()
 
 
 def set_device_budget(budget: Size) -> None:
@@ -646,6 +647,24 @@ def _apply_host_settings() -> None:
     _pin_on = conf.get("pin_in_place") == "True"
     if _pin_on:
         _patch_pin_memory()
+
+
+def _apply_predict_settings() -> None:
+    """``predict_lookahead`` and ``predict_copy_sms`` reach an offloader and a streamer made
+    before the configure() at once, not when the hooks are next installed."""
+    conf = get_config()
+    lookahead = int(conf.get("predict_lookahead", 1 << 30))
+    if _offloader is not None:
+        _offloader.max_lookahead = lookahead
+    if _streamer is not None:
+        _streamer.max_lookahead = lookahead
+        _streamer.copy_sms = _copy_sms_setting(conf)
+
+
+def _copy_sms_setting(conf: dict[str, str]) -> int:
+    """``predict_copy_sms`` as the streamer takes it: -1 for auto."""
+    value = conf.get("predict_copy_sms", "auto")
+    return -1 if value == "auto" else int(value)
 
 
 # Note [Pinned in place] (HostAllocator.h). Read by the DataLoader's pin thread.
@@ -1118,8 +1137,7 @@ def _weight_streamer() -> Any:
             _stream_counters, _send_to_host, _current_budget(), lookahead
         )
     _streamer.max_lookahead = lookahead
-    sms = cfg.get("predict_copy_sms", "auto")
-    _streamer.copy_sms = -1 if sms == "auto" else int(sms)
+    _streamer.copy_sms = _copy_sms_setting(cfg)
     _streamer.active = True
     return _streamer
 
