@@ -53,19 +53,19 @@ RING = 128 << 20
 ROUTES = ("none", "kernel-managed", "memcpy-managed", "memcpy-pinned", "kernel-pinned")
 
 
-def green_stream(torch: Any, sms: int) -> Any:
-    """A stream whose kernels run on at most ``sms`` SMs, or the reason there is none."""
-    from torch.cuda import green_contexts
+def product_streams() -> Any:
+    """The +um layer's ``torch/cuda/_um_streams.py``, loaded from the overlay by path (the
+    probe runs on stock torch): the green-context routes take their streams from the weight
+    streamer's own maker, ``few_sm_stream`` (Note [Copies on few SMs])."""
+    import importlib.util
+    from pathlib import Path
 
-    if not green_contexts.SUPPORTED:
-        raise RuntimeError("this torch was built without green context support")
-    ctx = green_contexts.GreenContext.create(sms, torch.cuda.current_device())
-    s = ctx.Stream()
-    if not isinstance(s, torch.cuda.Stream):
-        s = torch.cuda.Stream(
-            stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type
-        )
-    return ctx, s
+    path = Path(__file__).resolve().parents[1] / "c10_overlay/torch/cuda/_um_streams.py"
+    spec = importlib.util.spec_from_file_location("um_streams_for_probe", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def chunks(total: int, chunk: int, ring: int) -> list[tuple[int, int, int]]:
@@ -113,14 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     side = torch.cuda.Stream()
     streams = {"kernel": side, "memcpy": side}
     routes = list(ROUTES)
-    greens = []  # the contexts live as long as their streams
+    few = product_streams()
+    device = torch.cuda.current_device()
     for n in (int(x) for x in args.green_sms.split(",") if x.strip()):
-        try:
-            ctx, streams[f"green{n}"] = green_stream(torch, n)
-        except Exception as e:  # an old driver, a torch without it: say so, go on
-            print(f"green{n}: no green context ({e})", flush=True)
+        stream, got = few.few_sm_stream(device, "probe", n)
+        if got != n:  # an old driver, a torch without them: say so, go on
+            print(f"green{n}: no green context ({few.green_failures.get((device, n))})", flush=True)
             continue
-        greens.append(ctx)
+        streams[f"green{n}"] = stream
         routes += [f"green{n}-managed", f"green{n}-pinned"]
     pieces = chunks(total, CHUNK, RING)
     rows: list[dict[str, Any]] = []

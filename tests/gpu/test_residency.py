@@ -534,7 +534,7 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
     held_before = torch.cuda.memory_allocated()
     um.configure(device_budget="90%", read_copies=False, predict_copy_sms=copy_sms)
     try:
-        _streams_weights(torch, um, held_before)
+        _streams_weights(um, held_before)
     finally:
         um.configure(predict_copy_sms="auto")
     want = 0
@@ -544,7 +544,7 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
     assert got_sms == want, (got_sms, _um_streams.green_failures)
 
 
-def _streams_weights(torch: Any, um: Any, held_before: int) -> None:
+def _streams_weights(um: Any, held_before: int) -> None:
     model, x = _nudged(3)
     expect, expect_small = [], []
     with torch.inference_mode():

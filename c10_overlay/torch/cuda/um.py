@@ -650,21 +650,17 @@ def _apply_host_settings() -> None:
 
 
 def _apply_predict_settings() -> None:
-    """``predict_lookahead`` and ``predict_copy_sms`` reach an offloader and a streamer made
-    before the configure() at once, not when the hooks are next installed."""
+    """The one place ``predict_lookahead`` and ``predict_copy_sms`` reach the offloader and
+    the streamer: when the streamer is made, and after every configure(), so that a change
+    takes effect at once, not when the hooks are next installed."""
     conf = get_config()
     lookahead = int(conf.get("predict_lookahead", 1 << 30))
     if _offloader is not None:
         _offloader.max_lookahead = lookahead
     if _streamer is not None:
         _streamer.max_lookahead = lookahead
-        _streamer.copy_sms = _copy_sms_setting(conf)
-
-
-def _copy_sms_setting(conf: dict[str, str]) -> int:
-    """``predict_copy_sms`` as the streamer takes it: -1 for auto."""
-    value = conf.get("predict_copy_sms", "auto")
-    return -1 if value == "auto" else int(value)
+        sms = conf.get("predict_copy_sms", "auto")
+        _streamer.copy_sms = -1 if sms == "auto" else int(sms)  # -1: auto
 
 
 # Note [Pinned in place] (HostAllocator.h). Read by the DataLoader's pin thread.
@@ -1091,13 +1087,12 @@ def _predictor() -> Any:
     cfg = get_config()
     if cfg.get("predict") != "True":
         return None
-    lookahead = int(cfg.get("predict_lookahead", 1 << 30))
     if _offloader is None:
         from torch.cuda import _um_predict
 
+        lookahead = int(cfg.get("predict_lookahead", 1 << 30))
         margin = max(16 << 20, _current_budget() // 16)  # room the offload leaves unplanned
         _offloader = _um_predict.Offloader(_engine_counters, _host_room, lookahead, margin)
-    _offloader.max_lookahead = lookahead
     return _offloader
 
 
@@ -1126,18 +1121,16 @@ def _weight_streamer() -> Any:
     """The process's weight streamer (Note [Weight streaming], torch/cuda/_um_weights.py),
     made on first use."""
     global _streamer
-    cfg = get_config()
-    lookahead = int(cfg.get("predict_lookahead", 1 << 30))
     if _streamer is None:
         from torch.cuda import _um_weights
 
         _patch_empty_cache()
 
+        lookahead = int(get_config().get("predict_lookahead", 1 << 30))
         _streamer = _um_weights.Streamer(
             _stream_counters, _send_to_host, _current_budget(), lookahead
         )
-    _streamer.max_lookahead = lookahead
-    _streamer.copy_sms = _copy_sms_setting(cfg)
+        _apply_predict_settings()  # predict_copy_sms
     _streamer.active = True
     return _streamer
 
