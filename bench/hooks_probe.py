@@ -15,7 +15,10 @@ warms up, then prints JSON lines:
   engine's counters (bench.residency.PHASE_COUNTERS and the predictor's, the nonzero
   ones: discards and placements of dead blocks, evictor and fence waits) and the caching
   allocator's reserved and allocated bytes after them (step 21 of bench/README.md read
-  the dead-chunk churn from these);
+  the dead-chunk churn from these); and the main thread's own CPU seconds, its context
+  switches (voluntary: it blocked; involuntary: it was preempted) and the CPUs it ran
+  on: host seconds well above CPU seconds mean the thread waited (a lock, the driver, the
+  device), CPU seconds that grow mean it did more or ran slower (step 25);
 - the host seconds a forward spends in each global module hook (each wrapped in a timer),
   and the module calls a forward makes;
 - with ``--profile``, cProfile's 40 heaviest functions over two forwards, by own time.
@@ -27,7 +30,9 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
+import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +64,46 @@ def _timed_hooks(hooks: dict[int, Callable[..., Any]], tag: str, spent: dict[str
         hooks[key] = timed
 
 
+def _cpu() -> int:
+    """The CPU this thread last ran on (field 39 of /proc/thread-self/stat), -1 if unknown."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _canary() -> float:
+    """Seconds a fixed piece of pure-Python work takes now: the speed of this CPU, run
+    while nothing else of the process works (after a synchronize)."""
+    t = time.perf_counter()
+    x = 0
+    for i in range(20000):
+        x += i * i % 7
+    return time.perf_counter() - t
+
+
+def _threads_cpu() -> dict[str, float]:
+    """CPU seconds so far of each thread of this process, by 'name/tid'."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                head, tail = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        fields = tail.split()
+        out[f"{head.split('(', 1)[1]}/{tid}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _thread_usage() -> tuple[float, int, int]:
+    """This thread's CPU seconds and its voluntary and involuntary context switches."""
+    r = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+    return time.thread_time(), r.ru_nvcsw, r.ru_nivcsw
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("stock", "um"), required=True)
@@ -85,22 +130,40 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(a.warmup):
         forward()
     host, wall, changes = [], [], []
+    cpu_s, switches, cpus, canary = [], [], [], []
+    threads0, loop0 = _threads_cpu(), time.perf_counter()
     for _ in range(a.forwards):
         torch.cuda.synchronize()
+        canary.append(_canary())
         before = engine_counters(um)
+        u0, c0 = _thread_usage(), _cpu()
         t0 = time.perf_counter()
         forward()
         t1 = time.perf_counter()
+        u1, c1 = _thread_usage(), _cpu()
         torch.cuda.synchronize()
         host.append(t1 - t0)
         wall.append(time.perf_counter() - t0)
+        cpu_s.append(u1[0] - u0[0])
+        switches.append((u1[1] - u0[1], u1[2] - u0[2]))
+        cpus.append((c0, c1))
         change = counter_change(before, engine_counters(um))
         changes.append({k: v for k, v in change.items() if v})
+    loop_s = time.perf_counter() - loop0
+    threads1 = _threads_cpu()
+    busy = {k: round((v - threads0.get(k, 0.0)) / loop_s, 3) for k, v in threads1.items()}
     first: dict[str, Any] = {
         "mode": a.mode,
         "conf": a.conf if um else None,
         "host_s": host,
         "wall_s": wall,
+        "thread_cpu_s": cpu_s,
+        "switches": switches,  # (voluntary, involuntary) a forward
+        "cpus": cpus,  # the CPU at the start and at the end of each forward
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "canary_s": canary,  # the same pure-Python work before each forward
+        # each thread's CPU seconds over the loop's seconds (1.0: a whole CPU), nonzero
+        "thread_busy": {k: v for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v},
     }
     if um is not None:
         first["counters_per_forward"] = changes
