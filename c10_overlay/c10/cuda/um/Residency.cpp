@@ -138,30 +138,61 @@ Residency::DeviceLru& Residency::lru(int device) {
   return devices_[device];
 }
 
-std::set<Residency::Key>& Residency::setOf(Segment& seg, size_t i) {
-  DeviceLru& d = lru(seg.device);
-  if (seg.dead(i)) {
-    return d.dead;
+Residency::OrderKind Residency::orderOf(const Segment& seg, size_t i) const {
+  if (seg.chunks[i].where == Where::Host) {
+    return OrderKind::None;
   }
-  return seg.chunks[i].scan ? d.scan : d.live;
+  if (seg.dead(i)) {
+    return OrderKind::Dead;
+  }
+  return seg.chunks[i].scan ? OrderKind::Scan : OrderKind::Live;
+}
+
+Residency::Order& Residency::order(int device, OrderKind kind) {
+  DeviceLru& d = lru(device);
+  return kind == OrderKind::Dead ? d.dead
+      : kind == OrderKind::Scan  ? d.scan
+                                 : d.live;
 }
 
 void Residency::unlink(Segment& seg, size_t i) {
   Chunk& c = seg.chunks[i];
-  DeviceLru& d = lru(seg.device);
-  d.bytes[static_cast<int>(c.where)] -= seg.chunkSize(i);
-  if (c.where != Where::Host) {
-    setOf(seg, i).erase(Key{c.tick, seg.chunkAddr(i)});
+  lru(seg.device).bytes[static_cast<int>(c.where)] -= seg.chunkSize(i);
+  if (c.in == OrderKind::None) {
+    return;
   }
+  // Note [The eviction order's cost]: erased from the order it is in, through
+  // its entry; the node is kept for the next link.
+  Order& from = order(seg.device, c.in);
+  if (spare_.empty()) {
+    spare_ = from.extract(c.pos);
+  } else {
+    from.erase(c.pos);
+  }
+  c.in = OrderKind::None;
 }
 
 void Residency::link(Segment& seg, size_t i) {
   Chunk& c = seg.chunks[i];
-  DeviceLru& d = lru(seg.device);
-  d.bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
-  if (c.where != Where::Host) {
-    setOf(seg, i).insert(Key{c.tick, seg.chunkAddr(i)});
+  lru(seg.device).bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
+  const OrderKind kind = orderOf(seg, i);
+  if (kind == OrderKind::None) {
+    return;
   }
+  // Note [The eviction order's cost]: most links are at the newest tick.
+  Order& into = order(seg.device, kind);
+  const Key key{c.tick, seg.chunkAddr(i)};
+  const size_t before = into.size();
+  if (spare_.empty()) {
+    c.pos = into.emplace_hint(into.end(), key);
+  } else {
+    spare_.value() = key;
+    c.pos = into.insert(into.end(), std::move(spare_));
+  }
+  // An entry of that key already there belongs to another chunk: two
+  // segments over the same addresses. This chunk stays out of the order
+  // rather than share it (checkInvariants reports it).
+  c.in = into.size() > before ? kind : OrderKind::None;
 }
 
 void Residency::setWhere(Segment& seg, size_t i, Where to) {
@@ -353,7 +384,7 @@ uint64_t Residency::makeRoom(
     // ones colder than the whole scan, then the scan's most recently read,
     // then the least recently touched live ones; never a chunk of the range
     // being brought in.
-    auto usable = [&](const std::set<Key>& s) {
+    auto usable = [&](const Order& s) {
       return !s.empty() && s.begin()->first < protect_tick;
     };
     uintptr_t addr = 0;
@@ -712,6 +743,12 @@ std::string Residency::checkInvariants() const {
         return "chunk with more live bytes than its size";
       }
       e.bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
+      if (c.in != orderOf(seg, i)) {
+        return "a chunk is not in the eviction order its state says";
+      }
+      if (c.in != OrderKind::None && *c.pos != Key{c.tick, seg.chunkAddr(i)}) {
+        return "a chunk's entry in the eviction order is not its own";
+      }
       if (c.where != Where::Host) {
         (seg.dead(i) ? e.dead : c.scan ? e.scan : e.live)
             .insert(Key{c.tick, seg.chunkAddr(i)});

@@ -322,6 +322,27 @@ class Residency {
 
  private:
   struct Segment;
+  // A chunk on the device, ordered by (tick, address): the eviction order.
+  //
+  // Note [The eviction order's cost]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // Near the budget every block event re-links each 2 MiB chunk its block
+  // spans: a 64 MiB activation is 32 chunks, and an inference forward of a
+  // 1.3 B model makes some 20 000 re-links. Erasing by key and inserting by
+  // search took 11 % of that forward's host time (bench/README.md,
+  // prediction step 23). So each chunk keeps its entry (Chunk::pos): unlink
+  // erases through it, in amortized constant time, and link inserts with
+  // the hint "at the end", which is constant time when the chunk's tick is
+  // the newest, as it is for every use; a chunk re-linked at an older tick
+  // (it changes state or set, not tick) is placed by search as before. An
+  // unlink keeps its node (spare_) for the link that follows it, so that a
+  // re-link allocates and frees nothing. A chunk records which order it is
+  // in (Chunk::in), and unlink erases from that one: an entry is never
+  // erased through another order, whatever the chunk's state says.
+  using Key = std::pair<uint64_t, uintptr_t>;
+  using Order = std::set<Key>;
+  // Which of its device's orders (DeviceLru) a chunk is in.
+  enum class OrderKind : uint8_t { None, Live, Scan, Dead };
   struct Chunk {
     Where where = Where::Unplaced;
     bool discarded = false; // pages dropped: must be placed before a write
@@ -332,6 +353,10 @@ class Residency {
     uint64_t evicted_in = 0; // eviction batch that last moved it to host
     uint32_t live = 0; // bytes of live blocks in this chunk
     uint64_t tick = 0; // last touch
+    // Its entry in its device's order `in` while on the device (Note [The
+    // eviction order's cost]); set by link(), erased through by unlink().
+    OrderKind in = OrderKind::None;
+    Order::iterator pos{};
   };
   struct Segment {
     uintptr_t base = 0;
@@ -368,12 +393,10 @@ class Residency {
           static_cast<size_t>((hi - base + kChunkBytes - 1) / kChunkBytes)};
     }
   };
-  // A chunk on the device, ordered by (tick, address): the eviction order.
-  using Key = std::pair<uint64_t, uintptr_t>;
   struct DeviceLru {
-    std::set<Key> live; // device-resident chunks holding live bytes
-    std::set<Key> scan; // of those, the ones last touched read-only
-    std::set<Key> dead; // device-resident chunks with no live bytes
+    Order live; // device-resident chunks holding live bytes
+    Order scan; // of those, the ones last touched read-only
+    Order dead; // device-resident chunks with no live bytes
     uint64_t bytes[3] = {0, 0, 0}; // by Where
     // Counted against the budget: unplaced pages migrate on first touch.
     uint64_t resident() const {
@@ -393,8 +416,9 @@ class Residency {
   void link(Segment& seg, size_t i);
   // Makes chunk i the most recently touched, read-only (`scan`) or not.
   void retouch(Segment& seg, size_t i, bool scan = false);
-  // The set a device-resident chunk is kept in.
-  std::set<Key>& setOf(Segment& seg, size_t i);
+  // The order chunk i belongs in by its state, and a device's order.
+  OrderKind orderOf(const Segment& seg, size_t i) const;
+  Order& order(int device, OrderKind kind);
   // Sets a chunk's live bytes; `retick` also makes it the most recent.
   void setLive(Segment& seg, size_t i, uint32_t live, bool retick);
   // Frees room for `need` bytes on `device` under `budget`, never taking a
@@ -445,6 +469,7 @@ class Residency {
 
   std::map<uintptr_t, Segment> segments_;
   std::vector<DeviceLru> devices_;
+  Order::node_type spare_; // Note [The eviction order's cost]
   uint64_t tick_ = 0;
   uint64_t evict_seq_ = 0; // eviction batches so far
   uint64_t evict_seq_tick_ = 0; // the operation (tick) of the last batch
