@@ -103,17 +103,20 @@ ObjectRanges rangesOf(const void* addr) {
 
 void selfMarker() {}
 
-// libc10_cuda.so: the caching allocator's library (a NEEDED of ours).
+// libc10_cuda.so: the caching allocator's library (a NEEDED of ours). Both
+// range lists are leaked on purpose: a cudaFree made while the process's
+// static objects are destroyed (the allocator's own teardown) still asks
+// where its caller is, and must not read a destroyed vector.
 const ObjectRanges& allocatorLib() {
-  static const ObjectRanges r = rangesOf(
-      reinterpret_cast<const void*>(&c10::cuda::getCurrentCUDAStream));
-  return r;
+  static const ObjectRanges* r = new ObjectRanges(rangesOf(
+      reinterpret_cast<const void*>(&c10::cuda::getCurrentCUDAStream)));
+  return *r;
 }
 
 const ObjectRanges& selfLib() {
-  static const ObjectRanges r =
-      rangesOf(reinterpret_cast<const void*>(&selfMarker));
-  return r;
+  static const ObjectRanges* r =
+      new ObjectRanges(rangesOf(reinterpret_cast<const void*>(&selfMarker)));
+  return *r;
 }
 
 inline bool fromAllocator(const void* ret) {
@@ -413,7 +416,8 @@ TORCH_UM_API const char* torch_um_inject_library_path(void) {
 }
 
 TORCH_UM_API int torch_um_inject_info(TorchUmInjectInfo* out) {
-  if (out == nullptr || out->struct_size == 0) {
+  // struct_size itself is written back: a caller's struct holds at least it.
+  if (out == nullptr || out->struct_size < sizeof(uint64_t)) {
     return -1;
   }
   Counters& c = counters();

@@ -43,7 +43,7 @@ typedef struct TorchUmInjectInfo {
  * (nothing attached; message in err), or -1 with a message in err. */
 TORCH_UM_API int torch_um_inject_attach(char* err, size_t errlen);
 
-/* Fills *out (caller sets struct_size). Returns 0, or -1. */
+/* Fills *out (caller sets struct_size, at least 8). Returns 0, or -1. */
 TORCH_UM_API int torch_um_inject_info(TorchUmInjectInfo* out);
 
 /* The caching allocator's cudaMalloc and cudaFree are those of this file

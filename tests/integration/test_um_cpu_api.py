@@ -128,6 +128,11 @@ out["predict_stats"] = um.predict_stats()  # nothing ran under it: empty
 
 cpu = torch.ones(4)
 st = um.stats()
+# A struct_size too small to hold struct_size itself is refused, and nothing is written.
+import ctypes
+raw = (ctypes.c_uint8 * 16)(*([4, 0, 0, 0, 0, 0, 0, 0] + [0xAB] * 8))
+got = um._lib.torch_um_get_stats(0, ctypes.cast(raw, ctypes.POINTER(um._Stats)))
+out["tiny_struct"] = [got, list(raw)]
 out.update(stats=st, stats_cpu_device=um.stats(0) == st, is_managed=um.is_managed(cpu),
            prefetch=um.prefetch(cpu), advise=um.advise([cpu], "read_mostly"))
 try:
@@ -283,6 +288,7 @@ def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
         (k for k in stats if k not in flags), 0
     )
     assert api["stats_cpu_device"] is True
+    assert api["tiny_struct"] == [-1, [4, 0, 0, 0, 0, 0, 0, 0] + [0xAB] * 8]
     assert api["is_managed"] is False
     assert api["prefetch"] == 0 and api["advise"] == 0  # CPU tensors are skipped
     assert "unknown advice 'sideways'" in api["bad_advice"]

@@ -255,7 +255,8 @@ TORCH_UM_API int torch_um_is_managed(const void* ptr) {
 }
 
 TORCH_UM_API int torch_um_get_stats(int device, TorchUmStats* out) {
-  if (out == nullptr || device < 0 || out->struct_size == 0) {
+  // struct_size itself is written back: a caller's struct holds at least it.
+  if (out == nullptr || device < 0 || out->struct_size < sizeof(uint64_t)) {
     return -1;
   }
   try {

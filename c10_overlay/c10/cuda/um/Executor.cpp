@@ -197,10 +197,30 @@ uint64_t Executor::group(
 }
 
 void Executor::enqueue(EvictJob job) {
-  std::call_once(evictor_once_, [this] {
-    sem_init(&queue_sem_, 0, 0);
-    std::thread([this] { evictorLoop(); }).detach();
-  });
+  try {
+    std::call_once(sem_once_, [this] { sem_init(&queue_sem_, 0, 0); });
+    std::call_once(
+        evictor_once_, [this] { std::thread([this] { evictorLoop(); }).detach(); });
+  } catch (const std::exception& err) {
+    // No evictor thread (the process is out of threads): the job's pages stay
+    // where they are, a hint lost like any failed move. Its batch number is
+    // published as issued all the same, or a later use of those pages would
+    // wait for it forever (waitFor); call_once tries again next time.
+    if (job.ready != nullptr) {
+      (void)cudaEventDestroy(job.ready);
+    }
+    Side& s = side(job.device);
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.issued.store(job.seq, std::memory_order_release);
+    }
+    failures_.fetch_add(1, kRelaxed);
+    TORCH_WARN_ONCE(
+        "unified memory: the evictor thread could not start (", err.what(),
+        "); data the engine would move to host RAM stays where it is. Further "
+        "failures are counted in torch.cuda.um.stats().");
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     side(job.device).queued.store(job.seq, std::memory_order_relaxed);

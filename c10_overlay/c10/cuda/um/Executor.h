@@ -214,7 +214,8 @@ class Executor {
   std::deque<EvictJob> queue_;
   bool taken_ = false;
   sem_t queue_sem_;
-  std::once_flag evictor_once_;
+  std::once_flag sem_once_;
+  std::once_flag evictor_once_; // retried if the thread cannot start (enqueue)
 
   std::mutex sides_mu_;
   std::vector<Side*> sides_; // leaked on purpose, like the engine

@@ -118,7 +118,8 @@ TORCH_UM_API int torch_um_enabled(void);
 /* 1 if ptr lies inside a managed segment the engine allocated. */
 TORCH_UM_API int torch_um_is_managed(const void* ptr);
 
-/* Fills *out for device (>= 0). Returns 0, or -1 for a bad argument. */
+/* Fills *out for device (>= 0). Returns 0, or -1 for a bad argument (a
+ * struct_size under 8 bytes included). */
 TORCH_UM_API int torch_um_get_stats(int device, TorchUmStats* out);
 
 /* Resets peak_managed_bytes to the current value. */
