@@ -1,9 +1,13 @@
-"""Builders of small fixtures: upstream.yaml documents, trees, tarballs."""
+"""Builders of small fixtures: upstream.yaml documents, trees, tarballs, and the engine's
+C++ test programs."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any, Literal
@@ -11,6 +15,22 @@ from typing import Any, Literal
 import yaml
 
 ZERO = "0" * 64
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def build_engine_test(exe: Path, sources: list[Path], *flags: str) -> Path:
+    """Compile one of tests/engine's programs with the engine's sources (C++17, warnings
+    as errors, the given sanitizer flags); skips the test without a C++ compiler."""
+    import pytest
+
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (set CXX)")
+    cmd = [cxx, "-std=c++17", "-O1", "-g", "-Wall", "-Werror", *flags]
+    cmd += [f"-I{ROOT / 'c10_overlay'}", *map(str, sources), "-o", str(exe), "-lpthread"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return exe
 
 
 def sha(data: bytes) -> str:

@@ -5,14 +5,13 @@ invariants after every step. Built with the host's C++ compiler, sanitizers on."
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .helpers import ROOT, build_engine_test
+
 SOURCES = [
     ROOT / "tests" / "engine" / "residency_test.cpp",
     ROOT / "c10_overlay" / "c10" / "cuda" / "um" / "Residency.cpp",
@@ -21,27 +20,10 @@ SOURCES = [
 
 @pytest.fixture(scope="module")
 def residency_test(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (set CXX)")
     exe = tmp_path_factory.mktemp("engine") / "residency_test"
-    cmd = [
-        cxx,
-        "-std=c++17",
-        "-O1",
-        "-g",
-        "-Wall",
-        "-Werror",
-        "-fsanitize=address,undefined",
-        "-fno-sanitize-recover=all",
-        f"-I{ROOT / 'c10_overlay'}",
-        *map(str, SOURCES),
-        "-o",
-        str(exe),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return exe
+    return build_engine_test(
+        exe, SOURCES, "-fsanitize=address,undefined", "-fno-sanitize-recover=all"
+    )
 
 
 def test_residency_invariants_hold_on_every_trace(residency_test: Path) -> None:
