@@ -208,6 +208,16 @@ struct Sim {
     return apply(out, 0) && invariants("addSegment");
   }
 
+  // The segment is freed behind the engine's back: its pages are gone, the
+  // ledger is not told.
+  void forget(uintptr_t base) {
+    for (uintptr_t c = base; c < base + segs[base]; c += kChunkBytes) {
+      phys.erase(c);
+      csize.erase(c);
+    }
+    segs.erase(base);
+  }
+
   bool removeSegment(uintptr_t base) {
     auto info = r.removeSegment(base);
     CHECK(info && info->size == segs[base], "segment unknown or of another size");
@@ -414,6 +424,24 @@ bool fitsIssuesNothing() {
         (unsigned long long)(s.actions - before));
   CHECK(s.r.counters().evict_bytes == 0 && s.r.counters().discard_bytes == 0,
         "evictions although everything fits");
+  return true;
+}
+
+// A segment whose free never reached the engine leaves a stale entry; a new
+// segment over any part of its addresses replaces it, and the ledger (the
+// eviction order included) stays whole.
+bool staleSegmentIsReplaced() {
+  Sim s;
+  s.lim.budget = 6 * kChunkBytes;
+  const uintptr_t a = 1ull << 32;
+  if (!s.addSegment(a, 4 * kChunkBytes)) return false;
+  if (!s.alloc(a, 4 * kChunkBytes)) return false;
+  s.forget(a);
+  // Starts inside the stale segment and needs the whole budget.
+  if (!s.addSegment(a + 2 * kChunkBytes, 6 * kChunkBytes)) return false;
+  CHECK(s.r.deviceOf(a) == -1, "the stale segment is still in the ledger");
+  CHECK(s.r.bytesOn(0, Where::Device) == 6 * kChunkBytes, "the new segment is not placed");
+  if (!s.alloc(a + 2 * kChunkBytes, 6 * kChunkBytes)) return false;
   return true;
 }
 
@@ -665,6 +693,7 @@ int main() {
       {"changing pattern", changingPattern},
       {"a loop that fits issues nothing", fitsIssuesNothing},
       {"no action during capture", captureDoesNothing},
+      {"a stale segment is replaced by one over its addresses", staleSegmentIsReplaced},
       {"static policy", staticPolicy},
       {"oversized segment split by placement", oversizedSegmentIsSplit},
       {"an adopted range keeps its data", adoptedSegmentKeepsItsData},

@@ -289,9 +289,20 @@ void Residency::addSegment(
     Policy policy,
     const DeviceLimits& limits,
     std::vector<Action>& out) {
-  // A base can only come back after its segment was released; never let a
-  // stale ledger entry survive it.
-  removeSegment(base);
+  // A base can only come back after its segment was released, and live
+  // segments never overlap: an entry over any of these addresses is stale
+  // (its free never reached the engine). None may survive, or its chunks'
+  // entries in the eviction order would resolve to the new segment's.
+  auto it = segments_.lower_bound(base);
+  if (it != segments_.begin() &&
+      std::prev(it)->first + std::prev(it)->second.size > base) {
+    --it;
+  }
+  while (it != segments_.end() && (it->first == base || it->first < base + size)) {
+    const uintptr_t stale = it->first;
+    ++it;
+    removeSegment(stale);
+  }
   Segment& seg = segments_[base];
   seg.base = base;
   seg.size = size;
