@@ -12,6 +12,7 @@ import tarfile
 from pathlib import Path
 from typing import Any, Literal
 
+import pytest
 import yaml
 
 ZERO = "0" * 64
@@ -21,8 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def build_engine_test(exe: Path, sources: list[Path], *flags: str) -> Path:
     """Compile one of tests/engine's programs with the engine's sources (C++17, warnings
     as errors, the given sanitizer flags); skips the test without a C++ compiler."""
-    import pytest
-
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler (set CXX)")

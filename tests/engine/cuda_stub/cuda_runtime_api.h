@@ -23,7 +23,6 @@ enum cudaMemoryAdvise {
   cudaMemAdviseSetAccessedBy,
   cudaMemAdviseUnsetAccessedBy
 };
-enum { cudaMemAttachGlobal = 1 };
 
 inline cudaError_t cudaGetDevice(int* d) {
   *d = 0;
@@ -62,7 +61,4 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   *s = reinterpret_cast<cudaStream_t>(new int(0));
   return cudaSuccess;
-}
-inline cudaError_t cudaMallocManaged(void**, size_t, unsigned = cudaMemAttachGlobal) {
-  return cudaErrorUnknown; // not used by the test's actions
 }

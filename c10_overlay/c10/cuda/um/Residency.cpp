@@ -1,6 +1,7 @@
 #include <c10/cuda/um/Residency.h>
 
 #include <algorithm>
+#include <cassert>
 #include <iterator>
 
 namespace c10::cuda::um {
@@ -148,8 +149,7 @@ Residency::OrderKind Residency::orderOf(const Segment& seg, size_t i) const {
   return seg.chunks[i].scan ? OrderKind::Scan : OrderKind::Live;
 }
 
-Residency::Order& Residency::order(int device, OrderKind kind) {
-  DeviceLru& d = lru(device);
+Residency::Order& Residency::order(DeviceLru& d, OrderKind kind) {
   return kind == OrderKind::Dead ? d.dead
       : kind == OrderKind::Scan  ? d.scan
                                  : d.live;
@@ -157,13 +157,14 @@ Residency::Order& Residency::order(int device, OrderKind kind) {
 
 void Residency::unlink(Segment& seg, size_t i) {
   Chunk& c = seg.chunks[i];
-  lru(seg.device).bytes[static_cast<int>(c.where)] -= seg.chunkSize(i);
+  DeviceLru& d = lru(seg.device);
+  d.bytes[static_cast<int>(c.where)] -= seg.chunkSize(i);
   if (c.in == OrderKind::None) {
     return;
   }
   // Note [The eviction order's cost]: erased from the order it is in, through
   // its entry; the node is kept for the next link.
-  Order& from = order(seg.device, c.in);
+  Order& from = order(d, c.in);
   if (spare_.empty()) {
     spare_ = from.extract(c.pos);
   } else {
@@ -174,25 +175,24 @@ void Residency::unlink(Segment& seg, size_t i) {
 
 void Residency::link(Segment& seg, size_t i) {
   Chunk& c = seg.chunks[i];
-  lru(seg.device).bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
+  DeviceLru& d = lru(seg.device);
+  d.bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
   const OrderKind kind = orderOf(seg, i);
   if (kind == OrderKind::None) {
     return;
   }
-  // Note [The eviction order's cost]: most links are at the newest tick.
-  Order& into = order(seg.device, kind);
+  // Note [The eviction order's cost]: most links are at the newest tick. The
+  // key is unique: segments in the ledger never overlap (addSegment).
+  Order& into = order(d, kind);
   const Key key{c.tick, seg.chunkAddr(i)};
-  const size_t before = into.size();
   if (spare_.empty()) {
     c.pos = into.emplace_hint(into.end(), key);
   } else {
     spare_.value() = key;
     c.pos = into.insert(into.end(), std::move(spare_));
   }
-  // An entry of that key already there belongs to another chunk: two
-  // segments over the same addresses. This chunk stays out of the order
-  // rather than share it (checkInvariants reports it).
-  c.in = into.size() > before ? kind : OrderKind::None;
+  assert(spare_.empty()); // inserted, not found: the node is the chunk's
+  c.in = kind;
 }
 
 void Residency::setWhere(Segment& seg, size_t i, Where to) {

@@ -418,7 +418,7 @@ class Residency {
   void retouch(Segment& seg, size_t i, bool scan = false);
   // The order chunk i belongs in by its state, and a device's order.
   OrderKind orderOf(const Segment& seg, size_t i) const;
-  Order& order(int device, OrderKind kind);
+  static Order& order(DeviceLru& d, OrderKind kind);
   // Sets a chunk's live bytes; `retick` also makes it the most recent.
   void setLive(Segment& seg, size_t i, uint32_t live, bool retick);
   // Frees room for `need` bytes on `device` under `budget`, never taking a

@@ -13,7 +13,6 @@ namespace c10::cuda::um::compat {
 
 constexpr int kHost = -1;
 constexpr bool kHasBatch = true;
-constexpr bool kHasDiscard = true;
 
 struct Moved {
   uint64_t seq; // order of issue, over all threads
