@@ -19,6 +19,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +71,17 @@ def counter_change(before: dict[str, int], after: dict[str, int]) -> dict[str, i
     """What a phase or step did to the engine's counters: each count's difference, each
     level (LEVELS) as it is after."""
     return {k: v if k.endswith(LEVELS) else v - before.get(k, 0) for k, v in after.items()}
+
+
+def cpu_canary() -> float:
+    """Seconds a fixed piece of pure-Python work takes now (about 1 ms on a GPU host's CPU at
+    full speed): the speed of this CPU. The virtual machines' CPUs slow down by 1.5-2.2x at
+    times (bench/README step 25); run it while nothing else of the process works."""
+    t = time.perf_counter()
+    x = 0
+    for i in range(20000):
+        x += i * i % 7
+    return time.perf_counter() - t
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import counter_change, run_main, safe_cap, um_module
+from bench.common import counter_change, cpu_canary, run_main, safe_cap, um_module
 from bench.residency import (
     DEFAULT_BUDGET,
     UM_CONF,
@@ -71,16 +71,6 @@ def _cpu() -> int:
             return int(f.read().rsplit(")", 1)[1].split()[36])
     except (OSError, IndexError, ValueError):
         return -1
-
-
-def _canary() -> float:
-    """Seconds a fixed piece of pure-Python work takes now: the speed of this CPU, run
-    while nothing else of the process works (after a synchronize)."""
-    t = time.perf_counter()
-    x = 0
-    for i in range(20000):
-        x += i * i % 7
-    return time.perf_counter() - t
 
 
 def _threads_cpu() -> dict[str, float]:
@@ -134,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     threads0, loop0 = _threads_cpu(), time.perf_counter()
     for _ in range(a.forwards):
         torch.cuda.synchronize()
-        canary.append(_canary())
+        canary.append(cpu_canary())
         before = engine_counters(um)
         u0, c0 = _thread_usage(), _cpu()
         t0 = time.perf_counter()

@@ -140,8 +140,11 @@ def plot_residency(record: dict[str, Any], dest: Path) -> None:
     ax.set_xticks(range(len(modes)), modes, rotation=15, fontsize=8)
     ax.set_ylabel("step, median of rounds (s, log)")
     settings = record["settings"]
+    workload = settings["workload"]
+    if settings.get("ranks"):  # ddp; records made before --ranks existed ran 2 ranks and do not say
+        workload += f" ({settings['ranks']} rank{'s' if settings['ranks'] > 1 else ''})"
     ax.set_title(
-        f"GPT-2-style 1.28 B, {settings['workload']}, batch "
+        f"GPT-2-style 1.28 B, {workload}, batch "
         f"{' x '.join(map(str, settings['batch']))}, device budget "
         f"{settings['budget_bytes'] / 2**30:.3g} GiB\n" + _title(record),
         fontsize=9,

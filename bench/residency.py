@@ -48,10 +48,16 @@ both ranks' overflow fits the host's memory): the ``train`` workload under
 DistributedDataParallel (NCCL, gradient_as_bucket_view), one process per GPU, each rank with
 its own tokens and the budget (or memory fraction) on its own GPU; modes stock, um-static,
 um, um-prev, um-predict, stock-fraction, and um-predict-1gpu: the ``train`` workload with
-predict on one GPU, no DDP, at the same budget. A step's time is the slower rank's; the
-record keeps every rank's fields under ``ranks``, and with um-predict-1gpu in the run each
-mode's ``ranks_per_single``: every rank's median step over the one-GPU run's (issue 8's bar:
-at most 1.2).
+predict on one GPU, no DDP, at the same budget; and um-predict-pair: that one-GPU training
+run twice at once, one process per GPU, no DDP (what two ranks share on the host without
+DDP's own work). A step's time is the slower rank's; the record keeps every rank's fields
+under ``ranks``, and with um-predict-1gpu in the run each mode's ``ranks_per_single``: every
+rank's median step over the one-GPU run's (issue 8's bar: at most 1.2).
+
+Each training worker also keeps, per step, ``cpu``: the CPU-speed canary run just before the
+step (bench/common.py: cpu_canary, about 1 ms at full speed) and the step's CPU seconds, of
+the main thread and of the whole process (all threads). A step whose main thread's CPU time
+is close to its host time is bound by the host's CPU.
 
 Every mode is a worker process of its own, alternating over rounds (the order rotates each
 round); a worker times WARMUP + STEPS steps, each between two torch.cuda.synchronize() calls,
@@ -116,6 +122,7 @@ from bench.common import (
     cell,
     command_line,
     counter_change,
+    cpu_canary,
     emit,
     error_text,
     last_line,
@@ -159,15 +166,20 @@ MODES: dict[str, tuple[str, ...]] = {
         "um-prev",
         "um-predict",
         "um-predict-1gpu",
+        "um-predict-pair",
         "stock-fraction",
     ),
 }
 # ddp: the same training on one GPU, no DDP, at the same budget (issue 8's DDP bar: each
 # rank within 1.2x of it).
 SINGLE = "um-predict-1gpu"
+# ddp: SINGLE in two processes at once, one per GPU, no DDP: what the ranks share on the host
+# (CPU, memory, the driver) without DDP's buckets and all-reduce.
+PAIR = "um-predict-pair"
+ONE_GPU = (SINGLE, PAIR)  # ddp modes that train without DDP
 UM_MODES = (
     "um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "um-predict",
-    "um-predict-advice", SINGLE,
+    "um-predict-advice", SINGLE, PAIR,
 )  # fmt: skip
 PREV = "um-prev"  # runs on --prev-pythonpath
 # The offload tool each workload is compared with (the issue's bar): /peer in the table.
@@ -184,7 +196,7 @@ UM_CONF = {
     "um-predict": "policy:lru,hooks:True,predict:True",
     "um-predict-advice": "policy:lru,hooks:True,predict:True,read_copies:True",
 }
-UM_CONF[SINGLE] = UM_CONF["um-predict"]
+UM_CONF[SINGLE] = UM_CONF[PAIR] = UM_CONF["um-predict"]
 DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "ddp": "12GiB"}
 BATCH = {"train": (4, 1024), "infer": (8, 512), "ddp": (4, 1024)}
 TRAINING = ("train", "ddp")  # workloads that train (losses, the full-duplex floor)
@@ -315,7 +327,7 @@ def summarize(
     for mode, sec in modes.items():
         runs = [s for s in samples if s["mode"] == mode]
         diffs = [d for s in runs if (d := agreement(workload, ref, s)) is not None]
-        if mode == SINGLE:
+        if mode in ONE_GPU:
             diffs = []  # one GPU trains on other tokens than the ranks: nothing to compare
         firsts = [s["first_step_s"] for s in runs if _ok(s)]
         rows[mode] = {
@@ -613,10 +625,11 @@ def _run(
     rank: int = 0,
     phases: bool = False,
     extra_conf: str = "",
+    world: int = WORLD,
 ) -> Any:
     """Set up the mode, run WARMUP + STEPS steps, return the worker's record fields
-    (ddp: of one rank, on GPU ``rank``). ``extra_conf``: engine settings over the mode's
-    (--conf; not for um-prev, whose engine may not know them)."""
+    (ddp: of one rank of ``world``, on GPU ``rank``). ``extra_conf``: engine settings over
+    the mode's (--conf; not for um-prev, whose engine may not know them)."""
     um = um_module(torch, mode if mode in UM_MODES else "stock")
     torch.cuda.set_device(rank)
     free, total, cap = safe_cap(torch)  # before any CUDA allocation
@@ -634,7 +647,7 @@ def _run(
     if workload == "ddp":
         dist = importlib.import_module("torch.distributed")
         dist.init_process_group(
-            backend="nccl", rank=rank, world_size=WORLD, device_id=torch.device("cuda", rank)
+            backend="nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
         )
     model = _build_model(torch, workload)
     ids_cpu = _tokens(torch, workload, rank)
@@ -672,10 +685,13 @@ def _run(
         # stop the phases from overlapping), so the timed medians of a run with phases are
         # not compared with one without.
         mark = _PhaseClock(torch, um) if phases else None
+        cpu: dict[str, list[float]] = {"canary_s": [], "thread_cpu_s": [], "process_cpu_s": []}
         for i in range(warmup + steps):
             torch.cuda.synchronize()
             if i == warmup:
                 before = engine_counters(um)
+            cpu["canary_s"].append(cpu_canary())
+            c0, p0 = time.thread_time(), time.process_time()
             t0 = time.perf_counter()
             if mark:
                 mark.start()
@@ -691,7 +707,10 @@ def _run(
                 mark("optimizer")
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
+            cpu["thread_cpu_s"].append(time.thread_time() - c0)
+            cpu["process_cpu_s"].append(time.process_time() - p0)
             values.append(float(loss.detach().float()))
+        info["cpu"] = cpu
         if mark:
             info["phases"] = mark.steps
         info["warmup"] = warmup
@@ -764,19 +783,21 @@ def _ddp_launch(
     timeout: int,
     extra_conf: str = "",
     phases: bool = False,
+    world: int = WORLD,
 ) -> dict[str, Any]:
     """ddp: one process per rank (this worker's PYTHONPATH), run together, merged."""
     torch = importlib.import_module("torch")
-    if torch.cuda.device_count() < WORLD:  # counts devices without creating a context
+    if torch.cuda.device_count() < world:  # counts devices without creating a context
         raise BenchError(
-            f"ddp needs {WORLD} GPUs, this host has {torch.cuda.device_count()} "
-            "(device kind nvidia-h200-x2)"
+            f"ddp --ranks {world} needs {world} GPUs, this host has "
+            f"{torch.cuda.device_count()} (device kind nvidia-h200-x2, or --ranks 1)"
         )
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     args = ["--mode", mode, "--steps", str(steps), "--warmup", str(warmup), "--budget", str(budget)]
     args += ["--conf", extra_conf] if extra_conf else []
     args += ["--phases"] if phases else []
-    cmds = [worker_command(MODULE, ["ddp", *args, "--rank", str(r)]) for r in range(WORLD)]
+    args += ["--ranks", str(world)]
+    cmds = [worker_command(MODULE, ["ddp", *args, "--rank", str(r)]) for r in range(world)]
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for cmd in cmds
@@ -802,22 +823,26 @@ def worker(
     rank: int | None = None,
     phases: bool = False,
     extra_conf: str = "",
+    world: int = WORLD,
 ) -> None:
     """One measurement; always emits one record (an OOM or an error included). ddp without
-    a rank: launch the ranks and emit their merged record."""
+    a rank: launch the ``world`` ranks and emit their merged record."""
     base = {"mode": mode, "workload": workload, "budget": budget}
     torch: Any = None
     try:
-        if workload == "ddp" and rank is None and mode not in (LINK, SINGLE):
-            emit({**base, **_ddp_launch(mode, steps, warmup, budget, 570, extra_conf, phases)})
+        if workload == "ddp" and rank is None and mode not in (LINK, SINGLE):  # PAIR too
+            merged = _ddp_launch(mode, steps, warmup, budget, 570, extra_conf, phases, world)
+            emit({**base, **merged})
             return
         torch = importlib.import_module("torch")
         base["machine"] = machine(torch)
         if mode == LINK:
             fields = _link_worker(torch)
         else:
-            run_as = "train" if mode == SINGLE else workload  # one GPU, no DDP
-            fields = _run(torch, mode, run_as, steps, warmup, budget, rank or 0, phases, extra_conf)
+            run_as = "train" if mode in ONE_GPU else workload  # no DDP
+            fields = _run(
+                torch, mode, run_as, steps, warmup, budget, rank or 0, phases, extra_conf, world
+            )
         fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         emit({**base, **fields})
     except Exception as e:  # the orchestrator reports every failure
@@ -903,6 +928,13 @@ def main(argv: list[str] | None = None) -> int:
         help="train, ddp: also time forward, backward and optimizer, engine counters each",
     )
     ap.add_argument(
+        "--ranks",
+        type=int,
+        default=WORLD,
+        help=f"ddp: processes, one GPU each (default {WORLD}; 1: DDP's reducer and buckets "
+        "on one GPU, against the same training without DDP)",
+    )
+    ap.add_argument(
         "--conf",
         default="",
         help="engine settings (PYTORCH_CUDA_UM_CONF text) over every UM mode's but um-prev's",
@@ -916,7 +948,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload]) // 4096 * 4096
     if a.worker:
-        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank, a.phases, a.conf)
+        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank, a.phases, a.conf, a.ranks)
         return 0
     modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
@@ -928,6 +960,12 @@ def main(argv: list[str] | None = None) -> int:
         worker_args.append("--phases")
     if a.conf:
         worker_args += ["--conf", a.conf]
+    if a.ranks < 1:
+        raise BenchError("--ranks must be at least 1")
+    if a.ranks != WORLD:
+        if a.workload != "ddp":
+            raise BenchError("--ranks sets the processes of the ddp workload")
+        worker_args += ["--ranks", str(a.ranks)]
     paths = {"stock": a.stock_pythonpath, "um": a.um_pythonpath, "prev": a.prev_pythonpath}
     samples = run_all(a.workload, modes, worker_args, a.rounds, paths, a.timeout)
     settings = {
@@ -941,6 +979,7 @@ def main(argv: list[str] | None = None) -> int:
         "link_bytes": LINK_BYTES,
         "phases": a.phases,
         "conf": a.conf,
+        "ranks": a.ranks if a.workload == "ddp" else None,
     }
     rec = record(a.workload, samples, settings)
     print("\n" + table(a.workload, rec["summary"], rec["analysis"]))

@@ -243,6 +243,13 @@ def test_residency_selected_modes() -> None:
         residency.selected_modes("train", "um,um-prev")
 
 
+def test_residency_ranks_are_checked_before_any_worker_runs() -> None:
+    with pytest.raises(common.BenchError, match="--ranks must be at least 1"):
+        residency.main(["ddp", "--ranks", "0"])
+    with pytest.raises(common.BenchError, match="processes of the ddp workload"):
+        residency.main(["train", "--ranks", "1"])
+
+
 def test_residency_record_tolerates_failed_workers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,6 +338,7 @@ def test_residency_ddp_uses_the_training_floor_and_losses() -> None:
         "um",
         "um-predict",
         "um-predict-1gpu",
+        "um-predict-pair",
         "stock-fraction",
     ]
     assert "ranks_per_single" not in analysis["modes"]["um"]  # no one-GPU run in it
@@ -348,12 +356,15 @@ def test_residency_ddp_sets_each_rank_against_one_gpu_at_the_same_budget() -> No
         ranked(1.0, 1.2),
         ranked(1.2, 9.0),
         _res("um-predict-1gpu", 1.0, losses=[1.0]),
+        {**ranked(1.05, 1.15), "mode": "um-predict-pair"},
         {"mode": "um", "oom": True},
     ]
     summary, analysis = residency.summarize("ddp", samples, 12 * GIB)
     assert summary["modes"]["um-predict-1gpu"] == 1.0
     # its tokens are not the ranks': its losses are not held against stock's
     assert analysis["modes"]["um-predict-1gpu"]["agreement"] is None
+    assert analysis["modes"]["um-predict-pair"]["agreement"] is None  # no DDP: own tokens
+    assert analysis["modes"]["um-predict-pair"]["ranks_per_single"] == pytest.approx([1.05, 1.15])
     assert analysis["modes"]["um-predict"]["agreement"] == 0.0
     # per rank, the median over the three workers of that rank's own median
     assert analysis["modes"]["um-predict"]["ranks_per_single"] == pytest.approx([1.1, 1.3])
