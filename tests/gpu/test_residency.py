@@ -415,6 +415,63 @@ def test_unstaged_training_is_bit_exact_run_after_run(
         assert got[key] > before[key], key
 
 
+def _bucketed_run(um: Any = None) -> tuple[list[Any], int]:
+    """Six AdamW steps of a 6-layer MLP whose gradients are views of one flat storage kept
+    across steps, accumulated into in place, as DistributedDataParallel's buckets are with
+    gradient_as_bucket_view. With ``um``, the storage is sent to host RAM after each
+    backward (where the residency policy left DDP's buckets); returns the final weights
+    and the most bytes a step's pre-hook asked to bring back to the device."""
+    torch.manual_seed(11)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(1536, 1536), torch.nn.Tanh()) for _ in range(6)]
+    model = torch.nn.Sequential(*blocks).cuda()
+    params = list(model.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params), device="cuda")
+    at = 0
+    for p in params:
+        p.grad = flat[at : at + p.numel()].view_as(p)
+        at += p.numel()
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    x = torch.randn(4096, 1536, device="cuda", generator=torch.Generator("cuda").manual_seed(12))
+    most = 0
+    for _ in range(6):
+        flat.zero_()
+        model(x).pow(2).mean().backward()
+        assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(params, flat.split(
+            [p.numel() for p in params]), strict=True)), "a gradient left the flat storage"
+        before = 0
+        if um is not None:
+            um.prefetch(flat, "cpu")
+            before = um.stats()["um.touch_prefetch_bytes"]
+        opt.step()
+        if um is not None:
+            most = max(most, um.stats()["um.touch_prefetch_bytes"] - before)
+    return [p.detach().cpu() for p in params], most
+
+
+def test_gradients_kept_in_host_ram_come_back_for_the_step(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """Note [The step's gradients are touched] (torch/cuda/_um_optim.py): gradients that
+    are views of one storage kept across steps, in host RAM when the step starts, are
+    brought back to the device by the step's pre-hook (a whole storage's worth of
+    touch prefetches in a step), and the weights are those of the run in memory bit for
+    bit."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        release_cache(torch)
+        um.configure(device_budget="90%")
+        in_memory, _ = _bucketed_run()
+        _tiny_budget(um)  # ~300 MiB of saves, 57 MB of weights and of gradients, 113 of state
+        um.configure(predict=True)
+        under, most = _bucketed_run(um)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    flat_bytes = sum(p.numel() for p in in_memory) * 4
+    print(f"[um] bucketed gradients: most brought back by a step {most}, storage {flat_bytes}")
+    assert most >= 0.9 * flat_bytes  # the engine counts 2 MiB chunks; the storage is ~57 MB
+    assert all(torch.equal(a, b) for a, b in zip(under, in_memory, strict=True))
+
+
 def test_compiled_training_with_predict_matches_in_memory(
     torch_mod: Any, um: Any, limits: Limits
 ) -> None:

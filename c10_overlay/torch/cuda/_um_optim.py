@@ -54,6 +54,19 @@ chunks one after the other updates every parameter once, with the same bits. A s
 entry the step replaces instead of updating in place is kept as replaced, not copied
 back over.
 
+Note [The step's gradients are touched]
+Before anything else, the pre-hook reports every gradient the step will read as used
+(um.py's use signal, as a module's parameters are before its forward), whether the step
+is then staged or not. A gradient the backward has just allocated is on the device and
+costs one call. But a gradient storage that outlives the step is touched by nothing else:
+DistributedDataParallel's buckets (``gradient_as_bucket_view``: every ``.grad`` is a view
+of one) are allocated once, no module hook covers them and no block event follows, so the
+residency policy saw them as the least recently used live data and left them in host RAM,
+where every backward wrote them, NCCL read and wrote them and every step read them in
+place over the link (bench/README.md, prediction step 27). Touched here, they come back
+before the step and stay while they are used; the saved-activation offload then makes
+room for them in the forward by copy, which costs the link less than reads in place.
+
 Not staged (the step runs as usual): another optimizer type or a subclass, a step
 given a closure, fused, capturable or differentiable groups, sparse gradients,
 parameters on several devices, a step under torch.compile or a CUDA graph capture, an
@@ -85,6 +98,7 @@ MARGIN = MIN_CHUNK  # free room under the budget that staging leaves alone
 ELEMENTWISE = frozenset({"Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam"})
 
 Room = Callable[[int], int]  # device index -> free bytes under the budget
+Touch = Callable[[list[torch.Tensor]], None]  # report tensors as about to be used
 
 
 def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -111,8 +125,9 @@ class _Swap:
 class Stager:
     """The pre- and post-hook of Note [Optimizer state staging]; one per process."""
 
-    def __init__(self, room: Room) -> None:
+    def __init__(self, room: Room, touch: Touch | None = None) -> None:
         self._room = room
+        self._touch = touch
         self._lock = threading.Lock()
         self._held: dict[int, list[list[Any]]] = {}  # id(optimizer) -> the groups' params
         self.active = True
@@ -158,6 +173,8 @@ class Stager:
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         if not params:
             return
+        if self._touch is not None:  # Note [The step's gradients are touched]
+            self._touch([p.grad for p in params if p.grad.layout == torch.strided])
         device = params[0].device
         if (
             not self._eligible(opt, args, kwargs)

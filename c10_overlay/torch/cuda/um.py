@@ -1023,7 +1023,7 @@ def _register_hooks() -> None:
         _hook_handles.append(
             nn_module.register_module_forward_hook(offloader.exit, always_call=True)
         )
-        _hook_handles.extend(_optimizer_stager(_free_room).install())
+        _hook_handles.extend(_optimizer_stager(_free_room, _touch_tensors).install())
 
 
 def _remove_hooks() -> None:
@@ -1099,14 +1099,18 @@ def _predictor() -> Any:
 _stager: Any = None
 
 
-def _optimizer_stager(room: Any) -> Any:
+def _touch_tensors(tensors: list[torch.Tensor]) -> None:
+    _touch(_ranges_of(tensors))
+
+
+def _optimizer_stager(room: Any, touch: Any) -> Any:
     """The process's optimizer state stager (Note [Optimizer state staging],
     torch/cuda/_um_optim.py), made on first use."""
     global _stager
     if _stager is None:
         from torch.cuda import _um_optim
 
-        _stager = _um_optim.Stager(room)
+        _stager = _um_optim.Stager(room, touch)
     return _stager
 
 
