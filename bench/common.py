@@ -12,11 +12,13 @@ machine, the versions and the command.
 from __future__ import annotations
 
 import datetime as _dt
+import faulthandler
 import json
 import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -133,6 +135,39 @@ def last_line(text: str) -> str:
     return (str(text).strip().splitlines() or ["?"])[-1][:200]
 
 
+# Seconds a worker past its time gets to print its threads' stacks (run_main registers
+# faulthandler for STACKS_SIGNAL) before it is killed.
+STACKS_SIGNAL = signal.SIGUSR1
+STACKS_GRACE_S = 3  # faulthandler writes from its signal handler at once
+
+
+def communicate(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """``proc.communicate(timeout)``; past the timeout, the worker is asked for every
+    thread's Python stack (STACKS_SIGNAL), then killed, and subprocess.TimeoutExpired
+    carries what it printed: a hung worker says where it hung (bench/README.md, step 25:
+    one probe process hung after glibc reported a corrupted heap)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(STACKS_SIGNAL)
+        try:
+            out, err = proc.communicate(timeout=STACKS_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(proc.args, timeout, output=out, stderr=err) from None
+    return out or "", err or ""
+
+
+def timeout_text(e: subprocess.TimeoutExpired, limit: int = 3000) -> str:
+    """"timed out after N s", with the end of what the worker printed (its stacks)."""
+    def text(v: str | bytes | None) -> str:
+        return v.decode(errors="replace") if isinstance(v, bytes) else (v or "")
+
+    printed = scrub_paths(text(e.output) + text(e.stderr)).strip()
+    return f"timed out after {e.timeout:g} s" + (f":\n{printed[-limit:]}" if printed else "")
+
+
 def run_worker(module: str, args: list[str], pythonpath: str | None, timeout: int) -> Any:
     """Run ``python -m module --worker args`` and return what it emitted."""
     env = dict(os.environ)
@@ -140,8 +175,11 @@ def run_worker(module: str, args: list[str], pythonpath: str | None, timeout: in
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)
     cmd = worker_command(module, args)
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    return worker_result(cmd, proc.returncode, proc.stdout, proc.stderr)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = communicate(proc, timeout)
+    return worker_result(cmd, proc.returncode, out, err)
 
 
 def run_worker_safely(
@@ -152,8 +190,8 @@ def run_worker_safely(
     try:
         res: dict[str, Any] = run_worker(module, args, pythonpath, timeout)
         return {**base, **res}
-    except subprocess.TimeoutExpired:
-        return {**base, "error": f"timed out after {timeout} s"}
+    except subprocess.TimeoutExpired as e:
+        return {**base, "error": timeout_text(e)}
     except (BenchError, json.JSONDecodeError) as e:
         return {**base, "error": str(e)}
 
@@ -274,7 +312,11 @@ def save(
 
 
 def run_main(name: str, main: Callable[[], int]) -> NoReturn:
-    """``python -m bench.<name>``: a BenchError is one line on stderr and exit status 1."""
+    """``python -m bench.<name>``: a BenchError is one line on stderr and exit status 1.
+    A crash (a fatal signal: glibc aborting on a corrupted heap) prints every thread's
+    Python stack, and so does STACKS_SIGNAL (sent to a worker past its time)."""
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     try:
         sys.exit(main())
     except BenchError as e:

@@ -121,6 +121,7 @@ from bench.common import (
     GiB,
     cell,
     command_line,
+    communicate,
     counter_change,
     cpu_canary,
     emit,
@@ -130,6 +131,7 @@ from bench.common import (
     run_main,
     run_worker_safely,
     safe_cap,
+    timeout_text,
     um_module,
     worker_command,
     worker_result,
@@ -805,11 +807,11 @@ def _ddp_launch(
     ranks = []
     for r, (cmd, proc) in enumerate(zip(cmds, procs, strict=True)):
         try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            out, _ = communicate(proc, timeout)
+        except subprocess.TimeoutExpired as e:
             for p in procs:
                 p.kill()
-            raise BenchError(f"ddp rank {r} ran past {timeout} s") from None
+            raise BenchError(f"ddp rank {r}: {timeout_text(e)}") from None
         ranks.append(worker_result(cmd, proc.returncode, out))
     return merge_ranks(ranks, warmup)
 

@@ -97,8 +97,11 @@ EOF
 
 source tests/gpu/owned.sh
 rc=0
+# faulthandler_timeout: a test still running after 120 s (the longest takes about 25) has
+# every thread's stack written to the log, so that a hang says where it is before the
+# timeout kills the run (a crash writes them anyway: pytest enables faulthandler).
 owned "$OUT/pytest.log" timeout -k 10 500 "$PY" -m pytest tests/gpu -v -rA -s \
   -p no:cacheprovider --junitxml="$OUT/junit.xml" -o junit_family=xunit2 --durations=15 \
-  "$@" || rc=$?
+  -o faulthandler_timeout=120 "$@" || rc=$?
 echo "pytest exit code: $rc" | tee -a "$OUT/pytest.log"
 exit "$rc"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -385,6 +386,36 @@ def test_residency_ddp_merges_ranks_by_the_slower_one() -> None:
     oom = {"mode": "um", "oom": True, "message": "CUDA out of memory"}
     failed = residency.merge_ranks([a, oom], warmup=1)
     assert failed["oom"] and failed["rank"] == 1
+
+
+def _bench_process(body: str) -> subprocess.Popen[str]:
+    """A process that runs ``body`` (defining ``work``) under bench.common.run_main."""
+    code = f"import os, time\nfrom bench.common import run_main\n{body}\nrun_main('t', work)\n"
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=common.REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_worker_past_its_time_says_where_it_hung(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "STACKS_GRACE_S", 1)
+    proc = _bench_process("def stuck_in_here():\n    time.sleep(120)\nwork = stuck_in_here")
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        common.communicate(proc, timeout=3)
+    assert proc.returncode is not None  # killed, not left running
+    text = common.timeout_text(caught.value)
+    assert text.startswith("timed out after 3 s:")
+    assert "stuck_in_here" in text  # faulthandler's dump of the main thread
+
+
+def test_a_crashed_worker_prints_its_stack() -> None:
+    proc = _bench_process("def aborts_here():\n    os.abort()\nwork = aborts_here")
+    _, err = common.communicate(proc, timeout=60)
+    assert proc.returncode != 0
+    assert "Fatal Python error: Aborted" in err and "aborts_here" in err
 
 
 def test_worker_result_reads_the_last_result_line() -> None:
