@@ -173,7 +173,9 @@ class Stager:
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         if not params:
             return
-        if self._touch is not None:  # Note [The step's gradients are touched]
+        # Note [The step's gradients are touched]. Not while torch.compile traces the step
+        # (the touch is a foreign call); under a CUDA graph capture the engine acts on none.
+        if self._touch is not None and not torch.compiler.is_compiling():
             self._touch([p.grad for p in params if p.grad.layout == torch.strided])
         device = params[0].device
         if (
