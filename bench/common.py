@@ -141,31 +141,62 @@ STACKS_SIGNAL = signal.SIGUSR1
 STACKS_GRACE_S = 3  # faulthandler writes from its signal handler at once
 
 
-def communicate(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
-    """``proc.communicate(timeout)``; past the timeout, the worker is asked for every
-    thread's Python stack (STACKS_SIGNAL), then killed, and subprocess.TimeoutExpired
-    carries what it printed: a hung worker says where it hung (bench/README.md, step 25:
-    one probe process hung after glibc reported a corrupted heap)."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(STACKS_SIGNAL)
+def _finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """What ``proc`` still prints within STACKS_GRACE_S; then it is killed, and if a child
+    that inherited its pipes keeps them open, they are closed unread."""
+    for last in (False, True):
         try:
             out, err = proc.communicate(timeout=STACKS_GRACE_S)
+            return out or "", err or ""
         except subprocess.TimeoutExpired:
+            if last:
+                break
             proc.kill()
-            out, err = proc.communicate()
-        raise subprocess.TimeoutExpired(proc.args, timeout, output=out, stderr=err) from None
-    return out or "", err or ""
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    proc.wait()
+    return "", ""
+
+
+def communicate_all(procs: list[subprocess.Popen[str]], timeout: float) -> list[tuple[str, str]]:
+    """Each process's (stdout, stderr) once all have ended, within ``timeout`` seconds in
+    all. Past it, every process still running is asked for its threads' Python stacks
+    (STACKS_SIGNAL), given STACKS_GRACE_S and killed, and subprocess.TimeoutExpired is
+    raised with what they all printed, so that a hung worker says where it hung (one probe
+    process of bench/README.md step 25 hung after glibc reported a corrupted heap; in a
+    hung DDP run the telling stack may be another rank's)."""
+    deadline = time.monotonic() + timeout
+    done: list[tuple[str, str] | None] = [None] * len(procs)
+    try:
+        for i, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            done[i] = (out or "", err or "")
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(STACKS_SIGNAL)
+        printed = []
+        for i, proc in enumerate(procs):
+            out, err = done[i] or _finish(proc)
+            head = f"--- process {i} ---\n" if len(procs) > 1 else ""
+            printed.append(head + out + err)
+        raise subprocess.TimeoutExpired(
+            procs[0].args, timeout, output="".join(printed), stderr=""
+        ) from None
+    return [d for d in done if d is not None]
 
 
 def timeout_text(e: subprocess.TimeoutExpired, limit: int = 3000) -> str:
-    """"timed out after N s", with the end of what the worker printed (its stacks)."""
+    """What the worker printed (its stacks; the last ``limit`` characters), then
+    "timed out after N s" as the last line, which one-line summaries show."""
+
     def text(v: str | bytes | None) -> str:
         return v.decode(errors="replace") if isinstance(v, bytes) else (v or "")
 
     printed = scrub_paths(text(e.output) + text(e.stderr)).strip()
-    return f"timed out after {e.timeout:g} s" + (f":\n{printed[-limit:]}" if printed else "")
+    last = f"timed out after {e.timeout:g} s" + (" (stacks above)" if printed else "")
+    return (printed[-limit:] + "\n" if printed else "") + last
 
 
 def run_worker(module: str, args: list[str], pythonpath: str | None, timeout: int) -> Any:
@@ -178,7 +209,7 @@ def run_worker(module: str, args: list[str], pythonpath: str | None, timeout: in
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    out, err = communicate(proc, timeout)
+    ((out, err),) = communicate_all([proc], timeout)
     return worker_result(cmd, proc.returncode, out, err)
 
 
@@ -311,12 +342,25 @@ def save(
     return path
 
 
+def _enable_stacks() -> None:
+    """faulthandler on the process's own stderr (sys.__stderr__: pytest's capture of
+    sys.stderr has no file descriptor); nothing where there is none."""
+    err = sys.__stderr__
+    try:
+        if err is None:
+            return
+        err.fileno()
+    except (OSError, ValueError):
+        return
+    faulthandler.enable(file=err, all_threads=True)
+    faulthandler.register(STACKS_SIGNAL, file=err, all_threads=True)
+
+
 def run_main(name: str, main: Callable[[], int]) -> NoReturn:
     """``python -m bench.<name>``: a BenchError is one line on stderr and exit status 1.
     A crash (a fatal signal: glibc aborting on a corrupted heap) prints every thread's
     Python stack, and so does STACKS_SIGNAL (sent to a worker past its time)."""
-    faulthandler.enable(all_threads=True)
-    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    _enable_stacks()
     try:
         sys.exit(main())
     except BenchError as e:

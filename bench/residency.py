@@ -55,8 +55,10 @@ under ``ranks``, and with um-predict-1gpu in the run each mode's ``ranks_per_sin
 rank's median step over the one-GPU run's (issue 8's bar: at most 1.2).
 
 Each training worker also keeps, per step, ``cpu``: the CPU-speed canary run just before the
-step (bench/common.py: cpu_canary, about 1 ms at full speed) and the step's CPU seconds, of
-the main thread and of the whole process (all threads). A step whose main thread's CPU time
+step (bench/common.py: cpu_canary, about 1 ms at full speed; outside the timed part, but the
+engine's threads go on working through it, so records made before it had 1-2 ms less of
+that between steps) and the step's CPU seconds, of the main thread and of the whole process
+(all threads). A step whose main thread's CPU time
 is close to its host time is bound by the host's CPU.
 
 Every mode is a worker process of its own, alternating over rounds (the order rotates each
@@ -121,7 +123,7 @@ from bench.common import (
     GiB,
     cell,
     command_line,
-    communicate,
+    communicate_all,
     counter_change,
     cpu_canary,
     emit,
@@ -804,15 +806,14 @@ def _ddp_launch(
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for cmd in cmds
     ]
-    ranks = []
-    for r, (cmd, proc) in enumerate(zip(cmds, procs, strict=True)):
-        try:
-            out, _ = communicate(proc, timeout)
-        except subprocess.TimeoutExpired as e:
-            for p in procs:
-                p.kill()
-            raise BenchError(f"ddp rank {r}: {timeout_text(e)}") from None
-        ranks.append(worker_result(cmd, proc.returncode, out))
+    try:
+        outs = communicate_all(procs, timeout)  # all signalled and killed past it
+    except subprocess.TimeoutExpired as e:
+        raise BenchError(f"ddp ranks: {timeout_text(e)}") from None
+    ranks = [
+        worker_result(cmd, proc.returncode, out)
+        for cmd, proc, (out, _) in zip(cmds, procs, outs, strict=True)
+    ]
     return merge_ranks(ranks, warmup)
 
 
@@ -932,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--ranks",
         type=int,
-        default=WORLD,
+        default=None,
         help=f"ddp: processes, one GPU each (default {WORLD}; 1: DDP's reducer and buckets "
         "on one GPU, against the same training without DDP)",
     )
@@ -950,7 +951,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload]) // 4096 * 4096
     if a.worker:
-        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank, a.phases, a.conf, a.ranks)
+        world = a.ranks or WORLD
+        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank, a.phases, a.conf, world)
         return 0
     modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
@@ -962,11 +964,13 @@ def main(argv: list[str] | None = None) -> int:
         worker_args.append("--phases")
     if a.conf:
         worker_args += ["--conf", a.conf]
-    if a.ranks < 1:
-        raise BenchError("--ranks must be at least 1")
-    if a.ranks != WORLD:
+    if a.ranks is not None:
         if a.workload != "ddp":
             raise BenchError("--ranks sets the processes of the ddp workload")
+        if a.ranks < 1:
+            raise BenchError("--ranks must be at least 1")
+        if a.ranks < 2 and PAIR in modes:
+            raise BenchError(f"{PAIR} runs the one-GPU training on 2 GPUs at once: --ranks 2")
         worker_args += ["--ranks", str(a.ranks)]
     paths = {"stock": a.stock_pythonpath, "um": a.um_pythonpath, "prev": a.prev_pythonpath}
     samples = run_all(a.workload, modes, worker_args, a.rounds, paths, a.timeout)
@@ -981,7 +985,7 @@ def main(argv: list[str] | None = None) -> int:
         "link_bytes": LINK_BYTES,
         "phases": a.phases,
         "conf": a.conf,
-        "ranks": a.ranks if a.workload == "ddp" else None,
+        "ranks": (a.ranks or WORLD) if a.workload == "ddp" else None,
     }
     rec = record(a.workload, samples, settings)
     print("\n" + table(a.workload, rec["summary"], rec["analysis"]))

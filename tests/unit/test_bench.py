@@ -248,7 +248,9 @@ def test_residency_ranks_are_checked_before_any_worker_runs() -> None:
     with pytest.raises(common.BenchError, match="--ranks must be at least 1"):
         residency.main(["ddp", "--ranks", "0"])
     with pytest.raises(common.BenchError, match="processes of the ddp workload"):
-        residency.main(["train", "--ranks", "1"])
+        residency.main(["train", "--ranks", "2"])
+    with pytest.raises(common.BenchError, match="um-predict-pair runs .* --ranks 2"):
+        residency.main(["ddp", "--ranks", "1", "--modes", "um-predict,um-predict-pair"])
 
 
 def test_residency_record_tolerates_failed_workers(
@@ -400,20 +402,23 @@ def _bench_process(body: str) -> subprocess.Popen[str]:
     )
 
 
-def test_a_worker_past_its_time_says_where_it_hung(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_past_their_time_say_where_they_hung(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common, "STACKS_GRACE_S", 1)
-    proc = _bench_process("def stuck_in_here():\n    time.sleep(120)\nwork = stuck_in_here")
+    quick = _bench_process("def quick():\n    return 0\nwork = quick")
+    stuck = _bench_process("def stuck_in_here():\n    time.sleep(120)\nwork = stuck_in_here")
     with pytest.raises(subprocess.TimeoutExpired) as caught:
-        common.communicate(proc, timeout=3)
-    assert proc.returncode is not None  # killed, not left running
+        common.communicate_all([quick, stuck], timeout=3)
+    assert quick.returncode == 0 and stuck.returncode is not None  # none left running
     text = common.timeout_text(caught.value)
-    assert text.startswith("timed out after 3 s:")
-    assert "stuck_in_here" in text  # faulthandler's dump of the main thread
+    assert "--- process 1 ---" in text
+    assert "stuck_in_here" in text  # faulthandler's dump of the hung one's main thread
+    # one-line summaries show the last line
+    assert common.last_line(text) == "timed out after 3 s (stacks above)"
 
 
 def test_a_crashed_worker_prints_its_stack() -> None:
     proc = _bench_process("def aborts_here():\n    os.abort()\nwork = aborts_here")
-    _, err = common.communicate(proc, timeout=60)
+    ((_, err),) = common.communicate_all([proc], timeout=60)
     assert proc.returncode != 0
     assert "Fatal Python error: Aborted" in err and "aborts_here" in err
 
