@@ -66,6 +66,12 @@ where every backward wrote them, NCCL read and wrote them and every step read th
 place over the link (bench/README.md, prediction step 27). Touched here, they come back
 before the step and stay while they are used; the saved-activation offload then makes
 room for them in the forward by copy, which costs the link less than reads in place.
+A touch covers a gradient's whole storage (a bucket, which the backward and NCCL use
+whole). It is advice: a gradient without a plain storage (FSDP2's DTensor shards, a
+fake tensor) is skipped, and a touch that fails is counted (``touch_failures``), never
+raised into the step. Not touched: sparse gradients, and any gradient of a step that
+torch.compile traces (the touch is a foreign call there), so a compiled step leaves
+DDP's buckets where they are.
 
 Not staged (the step runs as usual): another optimizer type or a subclass, a step
 given a closure, fused, capturable or differentiable groups, sparse gradients,
@@ -131,7 +137,9 @@ class Stager:
         self._lock = threading.Lock()
         self._held: dict[int, list[list[Any]]] = {}  # id(optimizer) -> the groups' params
         self.active = True
-        self.stats = dict.fromkeys(("steps", "chunks", "staged_bytes", "skipped", "no_room"), 0)
+        self.stats = dict.fromkeys(
+            ("steps", "chunks", "staged_bytes", "skipped", "no_room", "touch_failures"), 0
+        )
 
     # ---- eligibility -----------------------------------------------------------------
 
@@ -176,7 +184,11 @@ class Stager:
         # Note [The step's gradients are touched]. Not while torch.compile traces the step
         # (the touch is a foreign call); under a CUDA graph capture the engine acts on none.
         if self._touch is not None and not torch.compiler.is_compiling():
-            self._touch([p.grad for p in params if p.grad.layout == torch.strided])
+            try:
+                self._touch([p.grad for p in params if p.grad.layout == torch.strided])
+            except RuntimeError:  # a gradient whose storage cannot be read: advice only
+                with self._lock:
+                    self.stats["touch_failures"] += 1
         device = params[0].device
         if (
             not self._eligible(opt, args, kwargs)

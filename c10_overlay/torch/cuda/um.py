@@ -900,7 +900,9 @@ def move_(obj: TensorsLike, device: DeviceLike = "cuda", *, copy: bool = True) -
 #   - forward hook, when autograd records: a hook on the module's output that
 #     fires when its gradient arrives, i.e. just before the module's backward,
 #     and touches the module's parameters, inputs and outputs (what its
-#     backward reads).
+#     backward reads);
+#   - with predict:True, an optimizer step pre-hook: the gradients the step
+#     reads (Note [The step's gradients are touched], torch/cuda/_um_optim.py).
 # A touch brings the range to the device on the current stream, the least
 # recently used ranges leaving to make room (policy lru). Memory that is not
 # managed is ignored. A watcher thread, started when CUDA initialises, polls
@@ -1182,7 +1184,9 @@ def predict_stats() -> dict[str, int]:
     bytes staged), ``predict.optimizer_skipped`` (steps past the budget that ran as
     usual: an optimizer it does not stage, see the Note) and
     ``predict.optimizer_no_room`` (steps that ran as usual for want of free room under
-    the budget to stage into); and of the weight streaming (Note [Weight streaming],
+    the budget to stage into), ``predict.optimizer_touch_failures`` (steps whose
+    gradients could not be reported as used: Note [The step's gradients are touched]);
+    and of the weight streaming (Note [Weight streaming],
     torch/cuda/_um_weights.py): ``predict.stream_forwards`` (forwards without autograd
     under it), ``predict.stream_records`` (orders of module calls recorded: the first
     forward of a model, and each departure), ``predict.stream_departures`` (forwards
