@@ -170,7 +170,8 @@ def communicate_all(procs: list[subprocess.Popen[str]], timeout: float) -> list[
     done: list[tuple[str, str] | None] = [None] * len(procs)
     try:
         for i, proc in enumerate(procs):
-            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            # at least a moment each, so that output already written is read in full
+            out, err = proc.communicate(timeout=max(0.5, deadline - time.monotonic()))
             done[i] = (out or "", err or "")
     except subprocess.TimeoutExpired:
         for proc in procs:
