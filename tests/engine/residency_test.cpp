@@ -528,6 +528,47 @@ bool evictedUnusedIsCounted() {
   return true;
 }
 
+// Note [The step's gradients are touched] (torch/cuda/_um_optim.py): a block
+// allocated once and used every step by kernels alone (DDP's gradient
+// buckets) gets no event after its allocation. The least recently used live
+// data when a forward needs room, it leaves the device and nothing brings it
+// back but a touch; with the optimizer step's touch it returns every step.
+bool stepTouchBringsBackAnUntouchedBlock(bool step_touches) {
+  Sim s;
+  s.lim.budget = 10 * kChunkBytes;
+  const uintptr_t bucket = 1ull << 32, params = 1ull << 33, pool = 1ull << 34;
+  if (!s.addSegment(bucket, 3 * kChunkBytes)) return false;
+  if (!s.alloc(bucket, 3 * kChunkBytes)) return false;
+  if (!s.addSegment(params, 2 * kChunkBytes)) return false;
+  if (!s.alloc(params, 2 * kChunkBytes)) return false;
+  if (!s.addSegment(pool, 6 * kChunkBytes)) return false;
+  auto bucketOnDevice = [&] {
+    for (uint64_t c = 0; c < 3; ++c) {
+      if (s.r.whereIs(bucket + c * kChunkBytes) != Where::Device) return false;
+    }
+    return true;
+  };
+  for (int step = 0; step < 5; ++step) {
+    if (!s.touch(params)) return false;  // the forward: parameters, then activations
+    for (uint64_t l = 0; l < 6; ++l) {
+      if (!s.alloc(pool + l * kChunkBytes, kChunkBytes)) return false;
+    }
+    for (uint64_t l = 6; l-- > 0;) {  // the backward reads them in reverse and frees them
+      if (!s.touch(pool + l * kChunkBytes)) return false;
+      if (!s.free(pool + l * kChunkBytes)) return false;
+    }
+    if (step_touches && !s.touch(bucket)) return false;  // the step's pre-hook
+    if (step_touches) {
+      CHECK(bucketOnDevice(), "step %d: the touched bucket is not on the device", step);
+    }
+  }
+  CHECK(s.r.counters().evict_bytes > 0, "the forward never made room: nothing was tested");
+  if (!step_touches) {
+    CHECK(!bucketOnDevice(), "an untouched bucket came back by itself");
+  }
+  return true;
+}
+
 // Inference past the budget: weights read layer by layer, forward after
 // forward. Read-only touches bring them back as duplicates and they leave by
 // dropping the duplicate; nothing is written back.
@@ -703,6 +744,10 @@ int main() {
       {"a repeated read-only scan keeps a prefix", repeatedScanKeepsAPrefix},
       {"evicted, then freed unused, is counted", evictedUnusedIsCounted},
       {"graph pool outputs survive frees and restores", graphPoolOutputsSurvive},
+      {"a block no event touches stays evicted",
+       [] { return stepTouchBringsBackAnUntouchedBlock(false); }},
+      {"a step's touch brings it back every step",
+       [] { return stepTouchBringsBackAnUntouchedBlock(true); }},
   };
   int run = 0;
   for (const Case& c : cases) {
