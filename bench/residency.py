@@ -58,8 +58,9 @@ Each training worker also keeps, per step, ``cpu``: the CPU-speed canary run jus
 step (bench/common.py: cpu_canary, about 1 ms at full speed; outside the timed part, but the
 engine's threads go on working through it, so records made before it had 1-2 ms less of
 that between steps) and the step's CPU seconds, of the main thread and of the whole process
-(all threads). A step whose main thread's CPU time
-is close to its host time is bound by the host's CPU.
+(all threads). The main thread's CPU time is not a sign of a host-bound step here: the CUDA
+runtime spins while it waits for the device, so waits count as CPU time too (bench/README.md,
+step 27); the canary says whether the CPU ran at full speed.
 
 Every mode is a worker process of its own, alternating over rounds (the order rotates each
 round); a worker times WARMUP + STEPS steps, each between two torch.cuda.synchronize() calls,
@@ -834,7 +835,9 @@ def worker(
     torch: Any = None
     try:
         if workload == "ddp" and rank is None and mode not in (LINK, SINGLE):  # PAIR too
-            merged = _ddp_launch(mode, steps, warmup, budget, 570, extra_conf, phases, world)
+            merged = _ddp_launch(
+                mode, steps, warmup, budget, 570, extra_conf=extra_conf, phases=phases, world=world
+            )
             emit({**base, **merged})
             return
         torch = importlib.import_module("torch")
@@ -844,8 +847,9 @@ def worker(
         else:
             run_as = "train" if mode in ONE_GPU else workload  # no DDP
             fields = _run(
-                torch, mode, run_as, steps, warmup, budget, rank or 0, phases, extra_conf, world
-            )
+                torch, mode, run_as, steps, warmup, budget, rank or 0,
+                phases=phases, extra_conf=extra_conf, world=world,
+            )  # fmt: skip
         fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         emit({**base, **fields})
     except Exception as e:  # the orchestrator reports every failure
@@ -951,8 +955,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload]) // 4096 * 4096
     if a.worker:
-        world = a.ranks or WORLD
-        worker(a.mode, a.workload, a.steps, a.warmup, budget, a.rank, a.phases, a.conf, world)
+        worker(
+            a.mode, a.workload, a.steps, a.warmup, budget, a.rank,
+            phases=a.phases, extra_conf=a.conf, world=a.ranks or WORLD,
+        )  # fmt: skip
         return 0
     modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0:

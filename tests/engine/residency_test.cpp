@@ -557,8 +557,8 @@ bool stepTouchBringsBackAnUntouchedBlock(bool step_touches) {
       if (!s.touch(pool + l * kChunkBytes)) return false;
       if (!s.free(pool + l * kChunkBytes)) return false;
     }
-    if (step_touches && !s.touch(bucket)) return false;  // the step's pre-hook
-    if (step_touches) {
+    if (step_touches) {  // the step's pre-hook
+      if (!s.touch(bucket)) return false;
       CHECK(bucketOnDevice(), "step %d: the touched bucket is not on the device", step);
     }
   }

@@ -131,7 +131,7 @@ class _Swap:
 class Stager:
     """The pre- and post-hook of Note [Optimizer state staging]; one per process."""
 
-    def __init__(self, room: Room, touch: Touch | None = None) -> None:
+    def __init__(self, room: Room, touch: Touch) -> None:
         self._room = room
         self._touch = touch
         self._lock = threading.Lock()
@@ -183,7 +183,7 @@ class Stager:
             return
         # Note [The step's gradients are touched]. Not while torch.compile traces the step
         # (the touch is a foreign call); under a CUDA graph capture the engine acts on none.
-        if self._touch is not None and not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling():
             try:
                 self._touch([p.grad for p in params if p.grad.layout == torch.strided])
             except RuntimeError:  # a gradient whose storage cannot be read: advice only
