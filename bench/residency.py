@@ -54,13 +54,15 @@ DDP's own work). A step's time is the slower rank's; the record keeps every rank
 under ``ranks``, and with um-predict-1gpu in the run each mode's ``ranks_per_single``: every
 rank's median step over the one-GPU run's (issue 8's bar: at most 1.2).
 
-Each training worker also keeps, per step, ``cpu``: the CPU-speed canary run just before the
+Each worker also keeps, per step, ``cpu``: the CPU-speed canary run just before the
 step (bench/common.py: cpu_canary, about 1 ms at full speed; outside the timed part, but the
 engine's threads go on working through it, so records made before it had 1-2 ms less of
 that between steps) and the step's CPU seconds, of the main thread and of the whole process
-(all threads). The main thread's CPU time is not a sign of a host-bound step here: the CUDA
-runtime spins while it waits for the device, so waits count as CPU time too (bench/README.md,
-step 27); the canary says whether the CPU ran at full speed.
+(all threads); an inference worker also the host seconds until ``model(ids)`` returns
+(``host_s``: close to the step's time when the host bounds the forward). The main thread's
+CPU time is not a sign of a host-bound step here: the CUDA runtime spins while it waits for
+the device, so waits count as CPU time too (bench/README.md, step 27); the canary says
+whether the CPU ran at full speed.
 
 Every mode is a worker process of its own, alternating over rounds (the order rotates each
 round); a worker times WARMUP + STEPS steps, each between two torch.cuda.synchronize() calls,
@@ -306,6 +308,40 @@ def ranks_per_single(runs: list[dict[str, Any]], single_s: float) -> list[float]
     ]
 
 
+FULL_SPEED = 1.25  # a step counts as at full CPU speed below this times the run's fastest canary
+
+
+def full_speed(samples: list[dict[str, Any]], floor: float | None) -> dict[str, Any] | None:
+    """Per mode, the median of the timed steps whose CPU canary (run just before each
+    step) was within FULL_SPEED of the fastest canary of the whole run: the machine's CPU
+    runs at half to two thirds of its speed at times, in stock torch too (bench/README.md,
+    step 25), and a host-bound step slows with it. Modes' plain medians mix both states
+    in whatever share each process met; this compares them at one state. None without
+    canaries."""
+    steps: dict[str, list[tuple[float, float]]] = {}
+    for s in samples:
+        cpu = s.get("cpu") if _ok(s) else None
+        if not cpu or not cpu.get("canary_s"):
+            continue
+        w = s.get("warmup", 0)
+        pairs = list(zip(s["times_s"][w:], cpu["canary_s"][w:], strict=False))
+        steps.setdefault(s["mode"], []).extend(pairs)
+    if not steps:
+        return None
+    limit = FULL_SPEED * min(c for pairs in steps.values() for _, c in pairs)
+    modes: dict[str, Any] = {}
+    for mode, pairs in steps.items():
+        fast = [t for t, c in pairs if c <= limit]
+        sec = statistics.median(fast) if fast else None
+        modes[mode] = {
+            "seconds": sec,
+            "steps": len(fast),
+            "of_steps": len(pairs),
+            "per_floor": sec / floor if sec is not None and floor else None,
+        }
+    return {"canary_limit_s": limit, "modes": modes}
+
+
 def summarize(
     workload: str, samples: list[dict[str, Any]], budget: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -371,6 +407,7 @@ def summarize(
         if workload in TRAINING
         else "max relative difference of the logits checksum",
         "modes": rows,
+        "full_speed": full_speed(samples, floor),
         "link_errors": [s["error"] for s in samples if s["mode"] == LINK and "error" in s],
     }
     return {"floor_s": floor, "modes": modes}, analysis
@@ -418,6 +455,17 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
         ]
         if ratios:
             lines.append(f"{label}: " + "; ".join(ratios))
+    fs = analysis.get("full_speed")
+    if fs:
+        cells = [
+            f"{mode} {cell(r['seconds'], '.4f')} s ({r['steps']}/{r['of_steps']} steps"
+            + (f", {r['per_floor']:.2f}x floor)" if r["per_floor"] else ")")
+            for mode, r in fs["modes"].items()
+        ]
+        lines.append(
+            f"at full CPU speed (canary <= {fs['canary_limit_s'] * 1e3:.2f} ms): "
+            + "; ".join(cells)
+        )
     return "\n".join(lines)
 
 
@@ -682,6 +730,7 @@ def _run(
     ids = ids_cpu.to("cuda")
     values: list[float] = []
     times: list[float] = []
+    cpu: dict[str, list[float]] = {"canary_s": [], "thread_cpu_s": [], "process_cpu_s": []}
     if workload in TRAINING:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         # --phases: the device is synchronised after the forward and after the backward
@@ -690,7 +739,6 @@ def _run(
         # stop the phases from overlapping), so the timed medians of a run with phases are
         # not compared with one without.
         mark = _PhaseClock(torch, um) if phases else None
-        cpu: dict[str, list[float]] = {"canary_s": [], "thread_cpu_s": [], "process_cpu_s": []}
         for i in range(warmup + steps):
             torch.cuda.synchronize()
             if i == warmup:
@@ -715,25 +763,31 @@ def _run(
             cpu["thread_cpu_s"].append(time.thread_time() - c0)
             cpu["process_cpu_s"].append(time.process_time() - p0)
             values.append(float(loss.detach().float()))
-        info["cpu"] = cpu
         if mark:
             info["phases"] = mark.steps
-        info["warmup"] = warmup
     else:
+        cpu["host_s"] = []  # until model(ids) returns: close to the step's time, host-bound
         with torch.inference_mode():
             for i in range(warmup + steps):
                 torch.cuda.synchronize()
                 if i == warmup:
                     before = engine_counters(um)
+                cpu["canary_s"].append(cpu_canary())
+                c0, p0 = time.thread_time(), time.process_time()
                 t0 = time.perf_counter()
                 logits = model(ids).logits
+                cpu["host_s"].append(time.perf_counter() - t0)
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
+                cpu["thread_cpu_s"].append(time.thread_time() - c0)
+                cpu["process_cpu_s"].append(time.process_time() - p0)
                 # Summed in float32 without a float32 copy of the logits: that copy (0.8 GB
                 # here) stayed in the allocator's cache and, under a 2 GiB budget, made the
                 # engine discard and place part of it again every forward (step 21).
                 values.append(float(logits.sum(dtype=torch.float32)))
                 del logits
+    info["cpu"] = cpu
+    info["warmup"] = warmup
     info.update(
         times_s=times,
         first_step_s=times[0],

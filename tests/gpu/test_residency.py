@@ -680,3 +680,69 @@ def test_inference_read_only_copies(torch_mod: Any, um: Any, limits: Limits) -> 
     print(f"[um] inference: duplicated {(mid['um.duplicate_bytes'] - before['um.duplicate_bytes']) / MiB:.0f} MiB, "
           f"dropped {(mid['um.drop_bytes'] - before['um.drop_bytes']) / MiB:.0f} MiB, "
           f"evicted {(mid['um.evict_bytes'] - before['um.evict_bytes']) / MiB:.0f} MiB")
+
+
+def _llama(seed: int, cache: str) -> Any:
+    """A small transformers Llama (RMSNorm, rotary positions, SiLU MLP, untied head:
+    the layout of most current decoder-only models), random weights, about 400 MiB in
+    fp32. ``cache`` is the generation's KV cache: ``dynamic`` grows it by a concatenation
+    per token (new blocks each step); ``static`` allocates it once and writes it in place,
+    so after the first step only kernels reach it, never a block event or a hook."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+        attn_implementation="eager", pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).cuda().eval()
+    model.generation_config.cache_implementation = None if cache == "dynamic" else cache
+    # transformers compiles the decode forward of a static cache by itself; torch.compile
+    # past the budget has its own tests, and its time would be most of this one's.
+    model.generation_config.disable_compile = True
+    return model
+
+
+def _generated(model: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    ids = torch.randint(1, 8192, (4, 96), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(9))
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+        output_scores=True, return_dict_in_generate=True, pad_token_id=0,
+    )
+    return out.sequences, [s.float() for s in out.scores]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_with_kv_cache_past_budget_matches_in_memory(
+    torch_mod: Any, um: Any, limits: Limits, cache: str
+) -> None:
+    """model.generate() past the budget (the commonest inference a user runs there):
+    a prefill forward, then one-token forwards of other shapes that repeat its module
+    calls, with the KV cache either new blocks each token or one allocation written in
+    place. Greedy tokens and every step's scores equal the in-memory run's, the
+    decode forwards stream weights by copy (the shape change is not a pattern change
+    for the streamer), and the device stays under the budget."""
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    try:
+        expect_ids, expect_scores = _generated(_llama(4, cache))
+    except (ValueError, NotImplementedError, TypeError) as e:  # an older transformers
+        pytest.skip(f"this transformers cannot generate with a {cache} cache: {e}")
+    model = _built_past_budget(um, 256 * MiB, lambda seed: (_llama(seed, cache), None), 4,
+                               predict=True)[0]
+    before = um.predict_stats()
+    ids, scores = _generated(model)
+    ids_again, scores_again = _generated(model)
+    got = um.predict_stats()
+    streamed = got["predict.stream_streamed_bytes"] - before["predict.stream_streamed_bytes"]
+    forwards = got["predict.stream_forwards"] - before["predict.stream_forwards"]
+    print(f"[um] generate ({cache} cache): {forwards} forwards streamed {streamed / MiB:.0f} MiB")
+    for run, (i, s) in enumerate(((ids, scores), (ids_again, scores_again))):
+        assert torch.equal(i, expect_ids), f"run {run}: tokens differ"
+        assert len(s) == len(expect_scores)
+        for step, (a, b) in enumerate(zip(s, expect_scores, strict=True)):
+            assert torch.equal(a, b), f"run {run}: scores of token {step} differ"
+    assert forwards >= 2 * 24
+    assert streamed > 0
+    assert _on_device(um) <= 256 * MiB

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -670,3 +671,35 @@ def test_ranks_probe_asks_every_worker_and_reports_one_that_stopped() -> None:
         procs[1].wait(timeout=30)  # gone before it is asked: a broken pipe, not a traceback
         with pytest.raises(SystemExit, match="a worker stopped at h2d"):
             ranks_probe._ask(procs, "h2d")
+
+
+def test_residency_full_speed_compares_modes_at_one_cpu_state() -> None:
+    # Each worker: 1 warm-up step, then timed steps; a canary of 2 ms is the CPU at half
+    # speed (bench/README.md, step 25). um met the slow CPU in most steps, um-prev in none.
+    def worker(mode: str, times: list[float], canaries: list[float]) -> dict[str, Any]:
+        s = _res(mode, statistics.median(times[1:]), warmup=1, times_s=times)
+        s.update(max_allocated_bytes=GIB, checksums=[1.0])  # under the budget: floor = stock
+        s["cpu"] = {"canary_s": canaries}
+        return s
+
+    samples = [
+        _link(50e9, 40e9),
+        worker("stock", [9.0, 0.024, 0.024, 0.025], [0.001, 0.001, 0.001, 0.002]),
+        worker("um-prev", [9.0, 0.040, 0.041, 0.040], [0.005, 0.0011, 0.0012, 0.0011]),
+        worker("um", [9.0, 0.037, 0.048, 0.050], [0.001, 0.0012, 0.002, 0.0021]),
+        {"mode": "accelerate", "error": "Traceback"},
+        _res("um-static", 1.0, checksums=[1.0]),  # an older record: no canary
+    ]
+    fs = residency.full_speed(samples, floor=0.024)
+    assert fs is not None
+    assert fs["canary_limit_s"] == pytest.approx(1.25e-3)  # the warm-up's canary is not counted
+    assert fs["modes"]["um"] == {
+        "seconds": 0.037, "steps": 1, "of_steps": 3, "per_floor": pytest.approx(0.037 / 0.024)
+    }
+    assert fs["modes"]["um-prev"]["seconds"] == pytest.approx(0.040)
+    assert fs["modes"]["um-prev"]["steps"] == 3
+    assert fs["modes"]["stock"]["steps"] == 2
+    assert set(fs["modes"]) == {"stock", "um-prev", "um"}
+    assert residency.full_speed([_res("um", 1.0)], floor=None) is None
+    text = residency.table("infer", *residency.summarize("infer", samples, 2 * GIB))
+    assert "at full CPU speed (canary <= 1.25 ms): stock 0.0240 s (2/3 steps, 1.00x floor)" in text

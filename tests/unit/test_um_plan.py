@@ -292,6 +292,28 @@ def test_stream_plan_keeps_a_storage_that_several_calls_read() -> None:
     assert plan.unique_bytes(calls) == 501 * MiB
 
 
+def test_ring_holds_four_of_the_largest_call_it_may_stream() -> None:
+    def ring(calls: list[list[tuple[int, int]]], cap: int = 256 * MiB) -> int:
+        return int(plan.ring_bytes(calls, 512, cap, 32 * MiB, 4))
+
+    # The inference model of bench/README.md: a 32 MiB weight and a 16 KiB bias per MLP
+    # call, so four of them (128 MiB and 64 KiB) instead of an eighth of a 2 GiB budget.
+    layers = [[(2 * i, 32 * MiB), (2 * i + 1, 16384)] for i in range(6)]
+    assert ring(layers) == 4 * (32 * MiB + 16384)
+    # Parts are rounded up as they are in the ring: a 1-byte bias takes 512 bytes.
+    assert ring([[(0, 5 * MiB), (1, 1)]]) == 32 * MiB  # at least the minimum
+    assert ring([[(0, 20 * MiB), (1, 1)]]) == 4 * (20 * MiB + 512)
+    assert ring(layers, cap=100 * MiB) == 100 * MiB  # at most the cap
+    # A call larger than the cap never streams (stream_plan) and does not size the ring;
+    # with no call under the cap the ring is the cap.
+    assert ring([*layers, [(99, 300 * MiB)]]) == 4 * (32 * MiB + 16384)
+    assert ring([[(99, 300 * MiB)]]) == 256 * MiB
+    # A storage several calls read stays on the device (stream_plan): not counted.
+    tied = [[(0, 60 * MiB)], [(1, 8 * MiB)], [(0, 60 * MiB), (2, 8 * MiB)]]
+    assert ring(tied) == 32 * MiB
+    assert ring([]) == 256 * MiB
+
+
 def test_stream_target_grows_by_evictions_and_never_shrinks_back_into_them() -> None:
     t = plan.StreamTarget(margin=400)
     assert t.start(evicted=1500, total=4000) == 1500

@@ -312,6 +312,25 @@ def _own_bytes(calls: list[list[tuple[int, int]]]) -> list[int]:
     return own
 
 
+def ring_bytes(
+    calls: list[list[tuple[int, int]]], align: int, cap: int, minimum: int, depth: int
+) -> int:
+    """How large the ring of Note [Ring size] (torch/cuda/_um_weights.py) is for a record:
+    ``depth`` copies of the largest call it may stream (a call's own parameters, each
+    rounded up to ``align`` as its part of the ring is), at least ``minimum``, at most
+    ``cap``; ``cap`` when no call fits under it. ``calls`` as for :func:`spread_order`."""
+    readers = _readers(calls)
+    largest = 0
+    for call in calls:
+        own = [n for key, n in dict(call).items() if len(readers[key]) == 1]
+        need = sum(-(-n // align) * align for n in own)
+        if need <= cap:
+            largest = max(largest, need)
+    if largest == 0:
+        return cap
+    return min(cap, max(minimum, depth * largest))
+
+
 def unique_bytes(calls: list[list[tuple[int, int]]]) -> int:
     """Bytes of the distinct storages the calls read."""
     seen: dict[int, int] = {}

@@ -24,11 +24,11 @@ in a forward without autograd (``no_grad``, ``inference_mode``):
   it, as many bytes as the target (``_um_plan.spread_order``, ``stream_plan``: a larger
   target adds calls, never trades one for another). Parameters newly streamed are sent
   to host RAM through the engine (its ledger follows) and are not touched again. Each
-  forward copies them, on a side stream, into a ring of device memory (an eighth of the
-  budget, at most ``predict_lookahead``), as far ahead of their call as the ring has
-  room. At the call's pre-hook the compute stream waits for the copy and the parameters'
-  ``.data`` point into the ring; the call's forward hook points them back and gives its
-  part of the ring to the copies after it. Spread, because the link then works through
+  forward copies them, on a side stream, into a ring of device memory (Note [Ring
+  size] below), as far ahead of their call as the ring has room. At the call's pre-hook
+  the compute stream waits for the copy and the parameters' ``.data`` point into the ring;
+  the call's forward hook points them back and gives its part of the ring to the copies
+  after it. Spread, because the link then works through
   the whole forward, each copy under the compute of the calls before it. One ring, kept
   while the hooks are on, and not buffers from the allocator: buffers freed and taken
   again every call made the engine discard and place again 1.8-7.6 GB of dead blocks a
@@ -74,14 +74,27 @@ forward's kernels wait 0.005 s behind a memset, for a reason not known; and the 
 discards and places again 0.36 GB of the allocator's cached blocks a forward. Growing
 the target until those discards stopped streamed every weight (2.4 GB a forward) and
 made nothing faster; ordering dead chunks by their predicted reuse cut them to 0.14 GB
-but not the memset wait (step 16). A ring of a sixteenth of the
-budget was 4 % faster than an eighth in one run (step 16); the size stays until it is
-chosen at run time. Where the copies read from matters more than how
+but not the memset wait (step 16). Where the copies read from matters more than how
 (``python -m bench.overlap_probe``, step 19): beside 1.3 GB of copies out of managed
 memory in host RAM the forward's kernels take 43-50 ms instead of 25 ms, beside a copy
 engine's DMA from page-locked memory 26 ms. Keeping streamed weights in page-locked
 memory freed the kernels but left the forward bound by the host's launches, and slower
 (step 19); not kept.
+
+Note [Ring size]
+The ring is device memory inside the budget, so every byte of it is a byte of weights
+that must then be streamed too: the streamer's target grows by the room the ring takes.
+What the ring has to hold is the copies that run ahead of the compute: one part being
+read, the next ones being copied. So it holds ``RING_CALLS`` (4) of the largest call its
+record may stream (each parameter's part rounded up as it is in the ring), at least
+``MIN_LOOKAHEAD`` (32 MiB), at most an eighth of the budget and ``predict_lookahead``:
+with copies that keep pace with the compute, a queue of three behind the part being read
+keeps the link busy. At the 2 GiB budget of bench/README.md's inference model (largest
+call 32 MiB) that is 128 MiB instead of an eighth's 256: the bytes copied a forward fell
+from 1.33 to 1.21 GB, and the forwards run at full CPU speed from 0.040 to 0.037-0.038 s
+(step 28). A ring that already holds a record's calls, and
+is no larger than the cap, is kept: the records of several models share the largest
+they want instead of each making its own every forward.
 
 Thread safety: the hooks may run on any thread; each thread's forward is its own, and
 the records, targets and counters are under a lock.
@@ -104,6 +117,7 @@ from torch.cuda._um_streams import (
 )
 
 MIN_LOOKAHEAD = 32 << 20
+RING_CALLS = 4  # the ring holds this many of the largest streamable call (Note [Ring size])
 ALIGN = 512  # bytes: where each parameter's part of the ring starts
 ROOM_EVERY = 4  # streamed calls per sample of the free room
 MAX_RECORDS = 8  # outermost modules with a record kept; the oldest goes first
@@ -208,6 +222,13 @@ class _Record:
         self.streamed: set[int] = set()  # storage keys sent to host RAM
         self.versions: dict[int, int] = {}  # storage key -> version at its last copy
         self._plan: tuple[int, int, list[list[int]]] | None = None
+        self._ring: tuple[int, int] | None = None  # (cap, ring bytes)
+
+    def ring_bytes(self, cap: int) -> int:
+        """The ring this record's forwards want (Note [Ring size]), at most ``cap``."""
+        if self._ring is None or self._ring[0] != cap:
+            self._ring = (cap, plan.ring_bytes(self.sizes, ALIGN, cap, MIN_LOOKAHEAD, RING_CALLS))
+        return self._ring[1]
 
     def plan(self, largest: int) -> list[list[int]]:
         """The calls' streamed parameters at the current target (kept until it moves)."""
@@ -364,7 +385,8 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
 
     # ---- one forward -------------------------------------------------------------------
 
-    def _ring_size(self) -> int:
+    def _ring_cap(self) -> int:
+        """The largest ring (Note [Ring size])."""
         return min(self.max_lookahead, max(MIN_LOOKAHEAD, self.budget // 8))
 
     def _begin(self, root: torch.nn.Module) -> _Pass | None:
@@ -387,14 +409,18 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             else:
                 record = None
             generation = self._generation
-            size = self._ring_size()
             streams = record is not None and record.target.bytes > 0
             if streams:
+                assert record is not None
+                cap = self._ring_cap()
+                size = record.ring_bytes(cap)
                 # Taken for this forward (another thread's at the same time makes its own).
                 ring = self._rings.pop(device, None)
         if streams:
             assert record is not None
-            if ring is None or ring.size != size:
+            # A ring that holds this record's calls is kept (records of several models
+            # then share the largest they want instead of making a new one each forward).
+            if ring is None or not size <= ring.size <= cap:
                 try:
                     ring = _Ring(size, device)
                 except RuntimeError:  # out of memory: this forward reads in place
