@@ -415,6 +415,17 @@ def test_unstaged_training_is_bit_exact_run_after_run(
         assert got[key] > before[key], key
 
 
+def _await_hooks(um: Any, timeout: float = 2.0) -> None:
+    """Wait until the pressure watcher (it polls ten times a second: Note [Use signals])
+    has installed the module and optimizer-step hooks. A few fast steps can all run before
+    its next poll, and then none of them is touched (seen once in a full suite: 0 bytes)."""
+    deadline = time.monotonic() + timeout
+    while not um._hooks_installed:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the hooks were not installed {timeout} s after running past the budget")
+        time.sleep(0.01)
+
+
 def _bucketed_run(um: Any = None) -> tuple[list[Any], int]:
     """Six AdamW steps of a 6-layer MLP whose gradients are views of one flat storage kept
     across steps, accumulated into in place, as DistributedDataParallel's buckets are with
@@ -433,7 +444,9 @@ def _bucketed_run(um: Any = None) -> tuple[list[Any], int]:
     opt = torch.optim.AdamW(params, lr=1e-3)
     x = torch.randn(4096, 1536, device="cuda", generator=torch.Generator("cuda").manual_seed(12))
     most = 0
-    for _ in range(6):
+    for step in range(6):
+        if step == 1 and um is not None:
+            _await_hooks(um)  # the first step ran past the budget: the watcher installs them
         flat.zero_()
         model(x).pow(2).mean().backward()
         assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(params, flat.split(
@@ -467,7 +480,10 @@ def test_gradients_kept_in_host_ram_come_back_for_the_step(
     finally:
         torch.use_deterministic_algorithms(False)
     flat_bytes = sum(p.numel() for p in in_memory) * 4
-    print(f"[um] bucketed gradients: most brought back by a step {most}, storage {flat_bytes}")
+    print(
+        f"[um] bucketed gradients: most brought back by a step {most}, storage {flat_bytes}, "
+        f"hooks installed at the end: {um._hooks_installed}"
+    )
     assert most >= 0.9 * flat_bytes  # the engine counts 2 MiB chunks; the storage is ~57 MB
     assert all(torch.equal(a, b) for a, b in zip(under, in_memory, strict=True))
 
