@@ -448,3 +448,51 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     assert got["failures"] == {"(0, 24)": "RuntimeError: no green contexts here"}
     assert (got["configured"], got["configured_auto"]) == (8, -1)
     assert got["init"] is False
+
+
+HOOK_SETTINGS_PROBE = r"""
+import json, torch
+import torch.cuda.um as um
+
+def state():
+    return [um._hooks_installed, len(um._hook_handles)]
+
+# No GPU here: the engine reports pressure as a device past its budget would, and the
+# hooks go on as the pressure watcher puts them on.
+um._lib.torch_um_under_pressure = lambda: 1
+um._install_hooks()
+out = {"predict": state()}
+handles = list(um._hook_handles)
+um.configure(device_budget="50%")  # not a setting the hooks depend on: left alone
+out["same_after_budget"] = um._hook_handles == handles
+um.configure(predict=False)
+out["predict_off"] = state()
+um.configure("predict:True")
+out["predict_on"] = state()
+um._lib.torch_um_under_pressure = lambda: 0
+um.configure(hooks=False)
+out["hooks_off"] = state()
+um.configure(hooks=True)  # not installed: the watcher's job when the pressure comes
+out["hooks_on_no_pressure"] = state()
+out["init"] = torch.cuda.is_initialized()
+print(json.dumps(out))
+"""
+
+
+def test_configure_changes_the_installed_hooks_at_once(um: tuple[UmPath, Path]) -> None:
+    """Note [Use signals]: while the hooks are on, configure() of a setting that decides
+    them (predict, hooks, policy, enabled) replaces them at once with the set the new
+    settings want, or takes them off; other settings leave them alone. Without a GPU:
+    the engine's pressure is stood in for."""
+    _, venv = um
+    got = probe(venv, HOOK_SETTINGS_PROBE)
+    on, off = got["predict"], got["predict_off"]
+    assert on[0] and off[0]
+    # With predict: the streamer's, the use signal's and the offload's module hooks and the
+    # optimizer stager's; without: the use signal's pre- and post-forward hooks alone.
+    assert off[1] == 2 and on[1] > off[1]
+    assert got["same_after_budget"] is True
+    assert got["predict_on"] == on
+    assert got["hooks_off"] == [False, 0]
+    assert got["hooks_on_no_pressure"] == [False, 0]
+    assert got["init"] is False

@@ -381,11 +381,14 @@ def configure(
     if not parts:
         return
     lib = _engine()
+    hook_keys = _hook_settings() if _hooks_installed else None
     err = ctypes.create_string_buffer(_ERRLEN)
     if lib.torch_um_configure(",".join(parts).encode(), err, _ERRLEN) != 0:
         raise ValueError(err.value.decode(errors="replace"))
     _apply_host_settings()
     _apply_predict_settings()
+    if hook_keys is not None and _hook_settings() != hook_keys:
+        _refresh_hooks()
 
 
 def set_device_budget(budget: Size) -> None:
@@ -908,7 +911,9 @@ def move_(obj: TensorsLike, device: DeviceLike = "cuda", *, copy: bool = True) -
 # managed is ignored. A watcher thread, started when CUDA initialises, polls
 # torch_um_under_pressure() ten times a second: the hooks are installed while
 # the managed bytes of some device exceed 90 % of its budget and removed when
-# none do, so that a job that fits never pays for them. With predict:True, the
+# none do, so that a job that fits never pays for them. configure() of a setting that
+# decides the set (predict, hooks, policy, enabled) while they are on replaces them at
+# once (_refresh_hooks), not when the pressure next comes and goes. With predict:True, the
 # parameters a forward without autograd reads by copy (Note [Weight streaming],
 # torch/cuda/_um_weights.py) are not touched: their call reads device buffers.
 
@@ -994,16 +999,40 @@ def _post_forward(module: Module, args: object, output: object) -> None:
     anchor.register_hook(before_backward)
 
 
+# The settings that decide which hooks are installed (_hooks_wanted, _register_hooks).
+_HOOK_KEYS = ("enabled", "policy", "hooks", "predict")
+# Install and removal: the pressure watcher's thread and configure() on the program's.
+_hooks_lock = threading.RLock()
+
+
+def _hook_settings() -> tuple[str | None, ...]:
+    cfg = get_config()
+    return tuple(cfg.get(k) for k in _HOOK_KEYS)
+
+
+def _refresh_hooks() -> None:
+    """configure() changed a setting that decides the installed hooks (predict, hooks,
+    policy, enabled) while they are on: take them off, and put back at once the set the
+    new settings want if the pressure is still there. Without this the old set stayed
+    until the pressure went away: ``configure(predict=False)`` went on predicting."""
+    with _hooks_lock:
+        _remove_hooks()
+        lib = _lib
+        if lib is not None and _hooks_wanted() and lib.torch_um_under_pressure():
+            _install_hooks()
+
+
 def _install_hooks() -> None:
     global _hooks_installed
-    if _hooks_installed:
-        return
-    try:
-        _register_hooks()
-    except Exception:
-        _remove_hooks()  # none or all: a half-installed set would run twice next time
-        raise
-    _hooks_installed = True
+    with _hooks_lock:
+        if _hooks_installed:
+            return
+        try:
+            _register_hooks()
+        except Exception:
+            _remove_hooks()  # none or all: a half-installed set would run twice next time
+            raise
+        _hooks_installed = True
 
 
 def _register_hooks() -> None:
@@ -1030,17 +1059,18 @@ def _register_hooks() -> None:
 
 def _remove_hooks() -> None:
     global _hooks_installed
-    if _offloader is not None:
-        _offloader.active = False
-    if _stager is not None:
-        _stager.active = False
-    if _streamer is not None:
-        _streamer.active = False
-        _streamer.drop_rings()
-    while _hook_handles:
-        handle = _hook_handles.pop()
-        handle.remove()  # type: ignore[attr-defined]
-    _hooks_installed = False
+    with _hooks_lock:
+        if _offloader is not None:
+            _offloader.active = False
+        if _stager is not None:
+            _stager.active = False
+        if _streamer is not None:
+            _streamer.active = False
+            _streamer.drop_rings()
+        while _hook_handles:
+            handle = _hook_handles.pop()
+            handle.remove()  # type: ignore[attr-defined]
+        _hooks_installed = False
 
 
 # ---- prediction: saved activations leave by copy (Note [Saved-activation offload],
@@ -1244,11 +1274,12 @@ def _watch_pressure() -> None:
 
     def watch() -> None:
         while not _watch_stop.wait(0.1):
-            wanted = bool(lib.torch_um_under_pressure()) and _hooks_wanted()
-            if wanted == _hooks_installed:
-                continue
             try:
-                _install_hooks() if wanted else _remove_hooks()
+                with _hooks_lock:
+                    wanted = bool(lib.torch_um_under_pressure()) and _hooks_wanted()
+                    if wanted == _hooks_installed:
+                        continue
+                    _install_hooks() if wanted else _remove_hooks()
             except Exception as e:
                 # The residency policy goes on from block events alone (hooks:False).
                 warnings.warn(
