@@ -311,19 +311,25 @@ def ranks_per_single(runs: list[dict[str, Any]], single_s: float) -> list[float]
 FULL_SPEED = 1.25  # a step counts as at full CPU speed below this times the run's fastest canary
 
 
-def full_speed(samples: list[dict[str, Any]], floor: float | None) -> dict[str, Any] | None:
+def full_speed(
+    samples: list[dict[str, Any]], floor: float | None, warmup: int | None = None
+) -> dict[str, Any] | None:
     """Per mode, the median of the timed steps whose CPU canary (run just before each
     step) was within FULL_SPEED of the fastest canary of the whole run: the machine's CPU
     runs at half to two thirds of its speed at times, in stock torch too (bench/README.md,
     step 25), and a host-bound step slows with it. Modes' plain medians mix both states
     in whatever share each process met; this compares them at one state. None without
-    canaries."""
+    canaries. A sample without its ``warmup`` (records made before step 28 kept it for
+    training only) is counted with ``warmup`` if given (the run's ``settings.warmup``),
+    else left out."""
     steps: dict[str, list[tuple[float, float]]] = {}
     for s in samples:
         cpu = s.get("cpu") if _ok(s) else None
-        if not cpu or not cpu.get("canary_s"):
+        if not cpu or not cpu.get("canary_s") or s.get("ranks"):
+            continue  # a DDP record pairs rank 0's canaries with the slowest rank's times
+        w = s.get("warmup", warmup)
+        if w is None:
             continue
-        w = s.get("warmup", 0)
         pairs = list(zip(s["times_s"][w:], cpu["canary_s"][w:], strict=False))
         steps.setdefault(s["mode"], []).extend(pairs)
     if not steps:

@@ -685,7 +685,7 @@ def test_residency_full_speed_compares_modes_at_one_cpu_state() -> None:
     samples = [
         _link(50e9, 40e9),
         worker("stock", [9.0, 0.024, 0.024, 0.025], [0.001, 0.001, 0.001, 0.002]),
-        worker("um-prev", [9.0, 0.040, 0.041, 0.040], [0.005, 0.0011, 0.0012, 0.0011]),
+        worker("um-prev", [9.0, 0.040, 0.041, 0.040], [0.0005, 0.0011, 0.0012, 0.0011]),
         worker("um", [9.0, 0.037, 0.048, 0.050], [0.001, 0.0012, 0.002, 0.0021]),
         {"mode": "accelerate", "error": "Traceback"},
         _res("um-static", 1.0, checksums=[1.0]),  # an older record: no canary
@@ -701,5 +701,11 @@ def test_residency_full_speed_compares_modes_at_one_cpu_state() -> None:
     assert fs["modes"]["stock"]["steps"] == 2
     assert set(fs["modes"]) == {"stock", "um-prev", "um"}
     assert residency.full_speed([_res("um", 1.0)], floor=None) is None
+    # A record without its warm-up count is left out, unless the run's is given.
+    old = worker("um", [9.0, 0.037], [0.001, 0.001])
+    del old["warmup"]
+    assert residency.full_speed([old], floor=None) is None
+    given = residency.full_speed([old], floor=None, warmup=1)
+    assert given is not None and given["modes"]["um"]["steps"] == 1
     text = residency.table("infer", *residency.summarize("infer", samples, 2 * GIB))
     assert "at full CPU speed (canary <= 1.25 ms): stock 0.0240 s (2/3 steps, 1.00x floor)" in text

@@ -478,6 +478,9 @@ class _Recorder(_Hooks):  # type: ignore[misc]
     def _end(self, run: Any) -> None:
         self.log.append(("end", run[0]))
 
+    def _abandon(self, run: Any) -> None:
+        self.log.append(("abandon", run[0]))
+
 
 def test_outermost_forward_follows_nesting_and_ignores_what_began_before_it() -> None:
     h = _Recorder()
@@ -501,6 +504,27 @@ def test_outermost_forward_follows_nesting_and_ignores_what_began_before_it() ->
     h.enter("root", None)
     h.exit("root", None, None)
     assert h.log == []
+
+
+def test_hooks_taken_off_mid_forward_leave_no_stale_run() -> None:
+    h = _Recorder()
+    h.enter("root", None)
+    h.enter("a", None)  # its forward hook never runs: the hooks come off during the call
+    h.abandon_runs()
+    assert h.current() is None  # before this thread's next hook call, too
+    assert h.log[-1] == ("inner", "a")
+    # Back on for the next forward: it starts at depth 0, after the old run was abandoned
+    # on this thread, once.
+    h.enter("root", None)
+    h.enter("b", None)
+    h.exit("b", None, None)
+    h.exit("root", None, None)
+    assert h.log[2:] == [("abandon", "root"), ("begin", "root"), ("inner", "b"), ("leave", "b"),
+                         ("leave", "root"), ("end", "root")]  # fmt: skip
+    h.abandon_runs()  # between forwards: nothing to abandon
+    h.enter("root", None)
+    h.exit("root", None, None)
+    assert h.log[-3:] == [("begin", "root"), ("leave", "root"), ("end", "root")]
 
 
 def test_outermost_forward_keeps_each_threads_forward_apart() -> None:

@@ -415,20 +415,43 @@ class OutermostForward(Generic[Run]):
     a forward raises too) calls ``_leave(run, module)`` for each and ``_end(run)`` when
     the outermost forward returns. Hooks installed while a forward is under way see its
     exits at depth 0 and ignore them. Thread-safe: the depth and the run are the thread's
-    own. Subclasses set ``active``; while it is False no run begins."""
+    own. Subclasses set ``active``; while it is False no run begins.
+
+    Hooks taken off while a forward is under way (the pressure watcher, configure()) miss
+    its exits, so that thread's depth and run would be stale when they come back on:
+    ``abandon_runs()``, called as they come off, makes each thread start afresh at its
+    next hook call, after ``_abandon(run)`` on that thread for a run it left behind."""
 
     active = True
 
     def __init__(self) -> None:
         self._tls = threading.local()
+        self._epoch = 0  # abandon_runs() calls so far
+
+    def abandon_runs(self) -> None:
+        """The hooks are coming off: every run under way is abandoned (see above)."""
+        self._epoch += 1
+
+    def _state(self) -> Any:
+        st = self._tls
+        epoch = getattr(st, "epoch", None)
+        if epoch != self._epoch:
+            old = getattr(st, "run", None) if epoch is not None else None
+            st.depth, st.run, st.epoch = 0, None, self._epoch
+            if old is not None:
+                self._abandon(old)
+        return st
 
     def current(self) -> Run | None:
         """This thread's run, if a forward with one is under way."""
-        run: Run | None = getattr(self._tls, "run", None)
+        st = self._tls
+        if getattr(st, "epoch", None) != self._epoch:
+            return None  # left behind by hooks that came off (abandon_runs)
+        run: Run | None = getattr(st, "run", None)
         return run
 
     def enter(self, module: Any, args: object) -> None:
-        st = self._tls
+        st = self._state()
         depth = getattr(st, "depth", 0)
         st.depth = depth + 1
         if depth == 0:
@@ -439,7 +462,7 @@ class OutermostForward(Generic[Run]):
             self._inner(run, module)
 
     def exit(self, module: Any, args: object, output: object) -> None:
-        st = self._tls
+        st = self._state()
         depth = getattr(st, "depth", 0)
         if depth == 0:
             return  # installed while this forward was under way
@@ -463,3 +486,6 @@ class OutermostForward(Generic[Run]):
 
     def _end(self, run: Run) -> None:
         raise NotImplementedError
+
+    def _abandon(self, run: Run) -> None:
+        """A run whose forward lost its hooks, on its own thread (default: nothing)."""

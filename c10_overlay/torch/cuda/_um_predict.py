@@ -208,6 +208,14 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             self.offloaded_last = max(self.offloaded_last, fwd.plan.offloaded)
             self.stats["kept_bytes"] += fwd.plan.seen - fwd.plan.offloaded
 
+    def _abandon(self, fwd: _Forward) -> None:
+        """The hooks came off during ``fwd``'s forward: its saved-tensor hooks are taken off
+        this thread, if they are still the innermost (the program's own are never popped)."""
+        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        hooks = top(False) if top is not None else None
+        if hooks is not None and hooks[0] == self.pack:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
     # ---- saved-tensor hooks ------------------------------------------------------------
 
     def pack(self, t: torch.Tensor) -> object:

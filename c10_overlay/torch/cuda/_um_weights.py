@@ -92,8 +92,9 @@ with copies that keep pace with the compute, a queue of three behind the part be
 keeps the link busy. At the 2 GiB budget of bench/README.md's inference model (largest
 call 32 MiB) that is 128 MiB instead of an eighth's 256: the bytes copied a forward fell
 from 1.33 to 1.21 GB, and the forwards run at full CPU speed from 0.040 to 0.037-0.038 s.
-A ring of two calls (64 MiB) copied 0.14 GB less, discarded 0.10 GB more of the
-allocator's dead blocks, and was no faster (step 28). A ring that already holds a
+A ring capped at 64 MiB, which holds one such call (two need 64 MiB and 32 KiB), copied
+0.14 GB less, discarded 0.10 GB more of the allocator's dead blocks, and was no faster at
+full CPU speed (step 28). A ring that already holds a
 record's calls, and is no larger than the cap, is kept: the records of several models
 share the largest they want instead of each making its own every forward.
 
@@ -336,9 +337,8 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         self._records: dict[int, _Record] = {}  # id(root) -> record
         self._rings: dict[int, _Ring] = {}  # device -> its ring, while no forward has it
         self._generation = 0  # drop_rings() calls so far
-        self.margin = max(16 << 20, budget // 16)
         self.max_lookahead = max_lookahead
-        self.budget = budget
+        self.set_budget(budget)
         self.copy_sms = -1  # predict_copy_sms: -1 auto, 0 any SM (Note [Copies on few SMs])
         self._sides: dict[int, tuple[int, torch.cuda.Stream]] = {}  # device -> (setting, stream)
         self.active = True
@@ -361,6 +361,12 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             ),
             0,
         )
+
+    def set_budget(self, budget: int) -> None:
+        """The device budget: the ring's cap (Note [Ring size]) and the margin of the
+        targets recorded from now on."""
+        self.budget = budget
+        self.margin = max(16 << 20, budget // 16)
 
     # ---- module hooks (plan.OutermostForward's enter and exit) ---------------------------
 
@@ -635,6 +641,16 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                     self.stats["write_backs"] += 1
             p.data = original
             run.buffers.discard(buf.data_ptr())
+
+    def _abandon(self, run: _Pass) -> None:
+        """The hooks came off during ``run``'s forward: its calls whose forward hook never
+        ran get their parameters back. Their ring was dropped with the hooks and is never
+        copied into again (drop_rings)."""
+        for stack in run.swapped.values():
+            for _, swaps in stack:
+                self._put_back(run, swaps)
+        run.swapped.clear()
+        run.issued.clear()
 
     def _depart(self, run: _Pass) -> None:
         run.following = False

@@ -381,14 +381,17 @@ def configure(
     if not parts:
         return
     lib = _engine()
-    hook_keys = _hook_settings() if _hooks_installed else None
-    err = ctypes.create_string_buffer(_ERRLEN)
-    if lib.torch_um_configure(",".join(parts).encode(), err, _ERRLEN) != 0:
-        raise ValueError(err.value.decode(errors="replace"))
-    _apply_host_settings()
-    _apply_predict_settings()
-    if hook_keys is not None and _hook_settings() != hook_keys:
-        _refresh_hooks()
+    # One lock with the pressure watcher: it cannot install the hooks of the old settings
+    # between the check and the change.
+    with _hooks_lock:
+        hook_keys = _hook_settings() if _hooks_installed else None
+        err = ctypes.create_string_buffer(_ERRLEN)
+        if lib.torch_um_configure(",".join(parts).encode(), err, _ERRLEN) != 0:
+            raise ValueError(err.value.decode(errors="replace"))
+        _apply_host_settings()
+        _apply_predict_settings()
+        if hook_keys is not None and _hook_settings() != hook_keys:
+            _refresh_hooks()
 
 
 def set_device_budget(budget: Size) -> None:
@@ -653,9 +656,9 @@ def _apply_host_settings() -> None:
 
 
 def _apply_predict_settings() -> None:
-    """The one place ``predict_lookahead`` and ``predict_copy_sms`` reach the offloader and
-    the streamer: when the streamer is made, and after every configure(), so that a change
-    takes effect at once, not when the hooks are next installed."""
+    """The one place ``predict_lookahead``, ``predict_copy_sms`` and the device budget reach
+    the offloader and the streamer: when the streamer is made, and after every configure(),
+    so that a change takes effect at once, not when the hooks are next installed."""
     conf = get_config()
     lookahead = int(conf.get("predict_lookahead", 1 << 30))
     if _offloader is not None:
@@ -664,6 +667,9 @@ def _apply_predict_settings() -> None:
         _streamer.max_lookahead = lookahead
         sms = conf.get("predict_copy_sms", "auto")
         _streamer.copy_sms = -1 if sms == "auto" else int(sms)  # -1: auto
+        budget = _current_budget()  # the ring's cap and the target's margin follow it
+        if budget > 0:
+            _streamer.set_budget(budget)
 
 
 # Note [Pinned in place] (HostAllocator.h). Read by the DataLoader's pin thread.
@@ -1019,7 +1025,14 @@ def _refresh_hooks() -> None:
         _remove_hooks()
         lib = _lib
         if lib is not None and _hooks_wanted() and lib.torch_um_under_pressure():
-            _install_hooks()
+            try:
+                _install_hooks()
+            except Exception as e:  # the settings have changed: say so, do not raise
+                warnings.warn(
+                    f"torch.cuda.um: the module hooks could not be installed ({e!r}); "
+                    "the pressure watcher tries again at its next poll",
+                    stacklevel=3,
+                )
 
 
 def _install_hooks() -> None:
@@ -1062,10 +1075,12 @@ def _remove_hooks() -> None:
     with _hooks_lock:
         if _offloader is not None:
             _offloader.active = False
+            _offloader.abandon_runs()
         if _stager is not None:
             _stager.active = False
         if _streamer is not None:
             _streamer.active = False
+            _streamer.abandon_runs()
             _streamer.drop_rings()
         while _hook_handles:
             handle = _hook_handles.pop()
