@@ -644,13 +644,14 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
 
     def _abandon(self, run: _Pass) -> None:
         """The hooks came off during ``run``'s forward: its calls whose forward hook never
-        ran get their parameters back. Their ring was dropped with the hooks and is never
-        copied into again (drop_rings)."""
+        ran get their parameters back, and the compute stream waits for the copies issued
+        and not used (the ring goes back to the allocator with the run: drop_rings keeps
+        it from the next forwards, and nothing may still be writing it then)."""
         for stack in run.swapped.values():
             for _, swaps in stack:
                 self._put_back(run, swaps)
         run.swapped.clear()
-        run.issued.clear()
+        self._drop_unused(run)
 
     def _depart(self, run: _Pass) -> None:
         run.following = False
