@@ -327,7 +327,9 @@ def configure(
     host_alloc_min: Size | None = None,
     pin_in_place: bool | None = None,
 ) -> None:
-    """Change the engine's settings for allocations made from now on.
+    """Change the engine's settings for allocations made from now on. A change of
+    ``predict``, ``hooks``, ``policy`` or ``enabled`` while the module hooks are on (a
+    device past its budget) also replaces them at once (Note [Use signals]).
 
     ``conf`` is ``PYTORCH_CUDA_UM_CONF`` text; the keyword arguments override
     single keys (``None`` leaves a key unchanged; ``max_managed="none"``
