@@ -653,6 +653,33 @@ def engine_counters(um: Any) -> dict[str, int]:
     return out
 
 
+class _StepClock:
+    """Per step: its seconds (from ``start`` to ``stop``, which follows a synchronisation),
+    and ``cpu`` (the module docstring's): the CPU canary run just before it, its main
+    thread's and process's CPU seconds and, with ``host``, the host seconds until
+    ``host_done``."""
+
+    def __init__(self, host: bool = False) -> None:
+        self.times: list[float] = []
+        self.cpu: dict[str, list[float]] = {"canary_s": [], "thread_cpu_s": [], "process_cpu_s": []}
+        if host:
+            self.cpu["host_s"] = []
+        self._t0 = self._c0 = self._p0 = 0.0
+
+    def start(self) -> None:
+        self.cpu["canary_s"].append(cpu_canary())
+        self._c0, self._p0 = time.thread_time(), time.process_time()
+        self._t0 = time.perf_counter()
+
+    def host_done(self) -> None:
+        self.cpu["host_s"].append(time.perf_counter() - self._t0)
+
+    def stop(self) -> None:
+        self.times.append(time.perf_counter() - self._t0)
+        self.cpu["thread_cpu_s"].append(time.thread_time() - self._c0)
+        self.cpu["process_cpu_s"].append(time.process_time() - self._p0)
+
+
 class _PhaseClock:
     """Seconds and engine-counter differences per phase of a training step (--phases)."""
 
@@ -735,8 +762,7 @@ def _run(
         model = ddp.DistributedDataParallel(model, device_ids=[rank], gradient_as_bucket_view=True)
     ids = ids_cpu.to("cuda")
     values: list[float] = []
-    times: list[float] = []
-    cpu: dict[str, list[float]] = {"canary_s": [], "thread_cpu_s": [], "process_cpu_s": []}
+    clock = _StepClock(host=workload not in TRAINING)
     if workload in TRAINING:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         # --phases: the device is synchronised after the forward and after the backward
@@ -749,9 +775,7 @@ def _run(
             torch.cuda.synchronize()
             if i == warmup:
                 before = engine_counters(um)
-            cpu["canary_s"].append(cpu_canary())
-            c0, p0 = time.thread_time(), time.process_time()
-            t0 = time.perf_counter()
+            clock.start()
             if mark:
                 mark.start()
             opt.zero_grad(set_to_none=True)
@@ -765,34 +789,28 @@ def _run(
             if mark:
                 mark("optimizer")
             torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            cpu["thread_cpu_s"].append(time.thread_time() - c0)
-            cpu["process_cpu_s"].append(time.process_time() - p0)
+            clock.stop()
             values.append(float(loss.detach().float()))
         if mark:
             info["phases"] = mark.steps
     else:
-        cpu["host_s"] = []  # until model(ids) returns: close to the step's time, host-bound
         with torch.inference_mode():
             for i in range(warmup + steps):
                 torch.cuda.synchronize()
                 if i == warmup:
                     before = engine_counters(um)
-                cpu["canary_s"].append(cpu_canary())
-                c0, p0 = time.thread_time(), time.process_time()
-                t0 = time.perf_counter()
+                clock.start()
                 logits = model(ids).logits
-                cpu["host_s"].append(time.perf_counter() - t0)
+                clock.host_done()  # close to the step's time when the host bounds it
                 torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-                cpu["thread_cpu_s"].append(time.thread_time() - c0)
-                cpu["process_cpu_s"].append(time.process_time() - p0)
+                clock.stop()
                 # Summed in float32 without a float32 copy of the logits: that copy (0.8 GB
                 # here) stayed in the allocator's cache and, under a 2 GiB budget, made the
                 # engine discard and place part of it again every forward (step 21).
                 values.append(float(logits.sum(dtype=torch.float32)))
                 del logits
-    info["cpu"] = cpu
+    times = clock.times
+    info["cpu"] = clock.cpu
     info["warmup"] = warmup
     info.update(
         times_s=times,

@@ -709,3 +709,17 @@ def test_residency_full_speed_compares_modes_at_one_cpu_state() -> None:
     assert given is not None and given["modes"]["um"]["steps"] == 1
     text = residency.table("infer", *residency.summarize("infer", samples, 2 * GIB))
     assert "at full CPU speed (canary <= 1.25 ms): stock 0.0240 s (2/3 steps, 1.00x floor)" in text
+
+
+def test_residency_step_clock_keeps_one_entry_per_step() -> None:
+    clock = residency._StepClock(host=True)
+    for _ in range(3):
+        clock.start()
+        clock.host_done()
+        clock.stop()
+    assert len(clock.times) == 3
+    assert {k: len(v) for k, v in clock.cpu.items()} == dict.fromkeys(
+        ("canary_s", "thread_cpu_s", "process_cpu_s", "host_s"), 3
+    )
+    assert all(h <= t for h, t in zip(clock.cpu["host_s"], clock.times, strict=True))
+    assert "host_s" not in residency._StepClock().cpu  # training: no host_s

@@ -301,14 +301,15 @@ def _readers(calls: list[list[tuple[int, int]]]) -> dict[int, set[int]]:
     return out
 
 
-def _own_bytes(calls: list[list[tuple[int, int]]]) -> list[int]:
-    """Per call, the bytes of the storages no other call reads (each once)."""
+def _own_bytes(calls: list[list[tuple[int, int]]], align: int = 1) -> list[int]:
+    """Per call, the bytes of the storages no other call reads (each once, each rounded up
+    to ``align``)."""
     readers = _readers(calls)
     own = [0] * len(calls)
     for i, call in enumerate(calls):
         for key, nbytes in dict(call).items():
             if len(readers[key]) == 1:
-                own[i] += nbytes
+                own[i] += -(-nbytes // align) * align
     return own
 
 
@@ -319,13 +320,7 @@ def ring_bytes(
     ``depth`` copies of the largest call it may stream (a call's own parameters, each
     rounded up to ``align`` as its part of the ring is), at least ``minimum``, at most
     ``cap``; ``cap`` when no call fits under it. ``calls`` as for :func:`spread_order`."""
-    readers = _readers(calls)
-    largest = 0
-    for call in calls:
-        own = [n for key, n in dict(call).items() if len(readers[key]) == 1]
-        need = sum(-(-n // align) * align for n in own)
-        if need <= cap:
-            largest = max(largest, need)
+    largest = max((n for n in _own_bytes(calls, align) if n <= cap), default=0)
     if largest == 0:
         return cap
     return min(cap, max(minimum, depth * largest))

@@ -427,7 +427,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             assert record is not None
             # A ring that holds this record's calls is kept (records of several models
             # then share the largest they want instead of making a new one each forward).
-            if ring is None or not size <= ring.size <= cap:
+            if ring is None or not (size <= ring.size <= cap):
                 try:
                     ring = _Ring(size, device)
                 except RuntimeError:  # out of memory: this forward reads in place
@@ -647,11 +647,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         ran get their parameters back, and the compute stream waits for the copies issued
         and not used (the ring goes back to the allocator with the run: drop_rings keeps
         it from the next forwards, and nothing may still be writing it then)."""
-        for stack in run.swapped.values():
-            for _, swaps in stack:
-                self._put_back(run, swaps)
-        run.swapped.clear()
-        self._drop_unused(run)
+        self._unwind(run)
 
     def _depart(self, run: _Pass) -> None:
         run.following = False
@@ -671,14 +667,19 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 self.stats["unused_bytes"] += copy.span[1] - copy.span[0]
         run.issued.clear()
 
-    def _end(self, run: _Pass) -> None:
+    def _unwind(self, run: _Pass) -> None:
+        """What the forward still holds goes back: its unused copies, waited for by the
+        compute stream, and the parameters of calls whose forward hook never ran."""
         self._drop_unused(run)
-        for stack in run.swapped.values():  # calls whose forward hook never ran
+        for stack in run.swapped.values():
             for copy, swaps in stack:
                 self._put_back(run, swaps)
                 assert run.ring is not None
                 run.ring.parts.give_back(copy.span)
         run.swapped.clear()
+
+    def _end(self, run: _Pass) -> None:
+        self._unwind(run)
         if run.ring is not None:
             with self._lock:
                 if run.generation == self._generation:

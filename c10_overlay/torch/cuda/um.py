@@ -1025,16 +1025,30 @@ def _refresh_hooks() -> None:
     until the pressure went away: ``configure(predict=False)`` went on predicting."""
     with _hooks_lock:
         _remove_hooks()
-        lib = _lib
-        if lib is not None and _hooks_wanted() and lib.torch_um_under_pressure():
-            try:
-                _install_hooks()
-            except Exception as e:  # the settings have changed: say so, do not raise
-                warnings.warn(
-                    f"torch.cuda.um: the module hooks could not be installed ({e!r}); "
-                    "the pressure watcher tries again at its next poll",
-                    stacklevel=3,
-                )
+        _sync_hooks()  # the settings have changed: a failure warns, it does not raise
+
+
+def _sync_hooks() -> bool:
+    """Install the hooks or take them off, as the pressure and the settings want now (the
+    watcher's poll, and _refresh_hooks). False if they could not be installed: then the
+    residency policy goes on from block events alone (hooks:False), with a warning."""
+    lib = _lib
+    if lib is None:
+        return True
+    with _hooks_lock:
+        try:
+            wanted = bool(lib.torch_um_under_pressure()) and _hooks_wanted()
+            if wanted == _hooks_installed:
+                return True
+            _install_hooks() if wanted else _remove_hooks()
+        except Exception as e:
+            warnings.warn(
+                f"torch.cuda.um: the module hooks could not be installed ({e!r}); "
+                "running without them",
+                stacklevel=1,
+            )
+            return False
+    return True
 
 
 def _install_hooks() -> None:
@@ -1291,19 +1305,7 @@ def _watch_pressure() -> None:
 
     def watch() -> None:
         while not _watch_stop.wait(0.1):
-            try:
-                with _hooks_lock:
-                    wanted = bool(lib.torch_um_under_pressure()) and _hooks_wanted()
-                    if wanted == _hooks_installed:
-                        continue
-                    _install_hooks() if wanted else _remove_hooks()
-            except Exception as e:
-                # The residency policy goes on from block events alone (hooks:False).
-                warnings.warn(
-                    f"torch.cuda.um: the module hooks could not be installed ({e!r}); "
-                    "running without them",
-                    stacklevel=1,
-                )
+            if not _sync_hooks():
                 return
 
     _watch_thread = threading.Thread(target=watch, name="torch.cuda.um pressure watch", daemon=True)
