@@ -37,6 +37,21 @@ class Location(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
 
+class CopyAttributes(ctypes.Structure):
+    """``cudaMemcpyAttributes`` (CUDA 13), for ``cudaMemcpyBatchAsync``."""
+
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_int),
+        ("srcLocHint", Location),
+        ("dstLocHint", Location),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream
+PREFER_OVERLAP = 1  # cudaMemcpyFlagPreferOverlapWithCompute
+
+
 def load_cudart() -> ctypes.CDLL:
     import torch  # noqa: F401  (loads the wheel's CUDA libraries)
 
@@ -106,6 +121,35 @@ class Cuda:
 
     def sync(self) -> None:
         self.check(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+    def copy_batch(
+        self, copies: list[tuple[int, int, int]], stream: int, *, src: int, overlap: bool
+    ) -> None:
+        """``cudaMemcpyBatchAsync`` of (dst, src, bytes) copies on ``stream``, in stream
+        order, the source hinted at location type ``src`` (0: no hint) and, with
+        ``overlap``, the hint that the copies should overlap compute (a copy engine rather
+        than SMs, where the driver can)."""
+        n = len(copies)
+        dsts = (ctypes.c_void_p * n)(*[d for d, _, _ in copies])
+        srcs = (ctypes.c_void_p * n)(*[s for _, s, _ in copies])
+        sizes = (ctypes.c_size_t * n)(*[b for _, _, b in copies])
+        attrs = CopyAttributes(
+            ORDER_STREAM, Location(src, 0), Location(DEVICE, 0), PREFER_OVERLAP if overlap else 0
+        )
+        index = ctypes.c_size_t(0)
+        self.check(
+            self.rt.cudaMemcpyBatchAsync(
+                dsts,
+                srcs,
+                sizes,
+                ctypes.c_size_t(n),
+                ctypes.byref(attrs),
+                ctypes.byref(index),
+                ctypes.c_size_t(1),
+                ctypes.c_void_p(stream),
+            ),
+            "cudaMemcpyBatchAsync",
+        )
 
     def free_bytes(self) -> int:
         free, total = ctypes.c_size_t(), ctypes.c_size_t()

@@ -19,6 +19,20 @@ in device memory (no engine), what each route does to the forward's time:
   the kernel through a device view of it (zero-copy reads). Before step 23 this route
   handed foreach the CPU tensor itself, which foreach copies one tensor at a time with a
   blocking ``copy_``: its numbers up to step 22 are the host waiting for DMA, not a kernel;
+- ``batch-managed``: one ``cudaMemcpyBatchAsync`` per queue of pieces from the managed
+  memory, its source hinted as host-resident, no flags;
+- ``overlap-managed``: the same with ``cudaMemcpyFlagPreferOverlapWithCompute``, the hint
+  that the copies should leave the SMs to compute (a copy engine's DMA where the driver
+  can). Step 23 found cudaMemcpyAsync out of managed memory runs on SMs; this asks
+  whether the batch API's hints change that (bench/README.md, step 29);
+- ``leanN-managed``: a copy kernel of our own (NVRTC, ``torch.cuda._compile_kernel``) of
+  N blocks of 1024 threads, each thread with eight 16-byte loads in flight: can a few
+  SMs, each with far more reads in flight than foreach's blocks keep, carry the link
+  alone and leave the rest to the forward (step 29)?
+- ``stagedN-managed``: copies by the host: a worker thread has N threads copy each piece
+  from the managed memory's host pages into one of four page-locked slots (torch's CPU
+  copy, a share each), then queues the slot's DMA into the ring on the side stream. No
+  SM is held; the price is host memory bandwidth and N cores (step 29);
 - ``greenN-managed``, ``greenN-pinned``: the ``kernel`` route's copies on a stream of a
   CUDA green context of N SMs (``torch.cuda.green_contexts``), so that the copy kernels,
   which hold their SMs while they wait on the link, may take at most N of them
@@ -40,17 +54,44 @@ streamer (bench/README.md, step 22).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import ctypes
 import json
+import queue as queues
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 GiB = 1 << 30
+LEAN_SOURCE = r"""
+extern "C" __global__ void lean_copy(uint4* __restrict__ dst, const uint4* __restrict__ src,
+                                     int n16) {
+  const int stride = gridDim.x * blockDim.x;
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 7 * stride < n16; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = src[i + k * stride];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) dst[i + k * stride] = v[k];
+  }
+  for (; i < n16; i += stride) dst[i] = src[i];
+}
+"""
 CHUNK = 32 << 20  # the largest call of the 1.28 B model (an MLP projection)
 RING = 128 << 20
-ROUTES = ("none", "kernel-managed", "memcpy-managed", "memcpy-pinned", "kernel-pinned")
+ROUTES = (
+    "none",
+    "kernel-managed",
+    "memcpy-managed",
+    "memcpy-pinned",
+    "kernel-pinned",
+    "batch-managed",
+    "overlap-managed",
+)
 
 
 def product_streams() -> Any:
@@ -66,6 +107,67 @@ def product_streams() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class Staged:
+    """Copies by the host (route ``stagedN``): pieces go through page-locked slots."""
+
+    def __init__(self, torch: Any, host: Any, ring: Any, stream: Any, slots: int = 4) -> None:
+        self.torch, self.host, self.ring, self.stream = torch, host, ring, stream
+        self.threads = 1
+        self.pool = concurrent.futures.ThreadPoolExecutor(32)
+        self.slots = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(slots)]
+        self.done: list[Any] = [None] * slots
+        self.at = 0
+        self.failed: BaseException | None = None
+        self.work: queues.Queue[Any] = queues.Queue()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def put(self, pieces: list[tuple[int, int, int]]) -> None:
+        """Queue ``pieces``, their DMA after the compute stream's work so far."""
+        after = self.torch.cuda.Event()
+        after.record()
+        self.work.put((pieces, after))
+
+    def drain(self) -> None:
+        self.work.join()
+        if self.failed is not None:
+            raise RuntimeError("a staged copy failed") from self.failed
+
+    def _run(self) -> None:
+        while True:
+            pieces, after = self.work.get()
+            try:
+                self._copy(pieces, after)
+            except BaseException as e:  # handed to drain()
+                self.failed = e
+            finally:
+                self.work.task_done()
+
+    def _copy(self, pieces: list[tuple[int, int, int]], after: Any) -> None:
+        torch = self.torch
+        with torch.inference_mode():
+            for s, r, n in pieces:
+                i = self.at % len(self.slots)
+                self.at += 1
+                if self.done[i] is not None:
+                    self.done[i].synchronize()  # its last DMA has read it
+                slot = self.slots[i][:n]
+                share = -(-n // self.threads)
+                parts = [(a, min(share, n - a)) for a in range(0, n, share)]
+                jobs = [self.pool.submit(self._part, slot, s, a, m) for a, m in parts]
+                for job in jobs:
+                    job.result()
+                with torch.cuda.stream(self.stream):
+                    self.stream.wait_event(after)
+                    self.ring[r : r + n].copy_(slot, non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record(self.stream)
+                self.done[i] = done
+
+    def _part(self, slot: Any, s: int, a: int, n: int) -> None:
+        with self.torch.inference_mode():
+            slot[a : a + n].copy_(self.host[s + a : s + a + n])
 
 
 def chunks(total: int, chunk: int, ring: int) -> list[tuple[int, int, int]]:
@@ -84,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gib", type=float, default=1.3, help="bytes copied per forward")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument(
+        "--staged-threads", default="4,16", help="CPU threads of the staged routes ('' none)"
+    )
+    ap.add_argument("--lean-blocks", default="4,8,16", help="block counts of the lean routes")
     ap.add_argument(
         "--green-sms", default="8,16,32", help="SM counts of the green-context routes ('' none)"
     )
@@ -111,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ring = torch.empty(RING, dtype=torch.uint8, device="cuda")
     pinned = torch.empty(total, dtype=torch.uint8, pin_memory=True)
     side = torch.cuda.Stream()
-    streams = {"kernel": side, "memcpy": side}
+    streams = {"kernel": side, "memcpy": side, "batch": side, "overlap": side}
     routes = list(ROUTES)
     few = product_streams()
     device = torch.cuda.current_device()
@@ -122,6 +228,20 @@ def main(argv: list[str] | None = None) -> int:
             continue
         streams[f"green{n}"] = stream
         routes += [f"green{n}-managed", f"green{n}-pinned"]
+    lean: dict[str, Any] = {}
+    blocks_of = [int(x) for x in args.lean_blocks.split(",") if x.strip()]
+    if blocks_of:
+        lean["kernel"] = torch.cuda._compile_kernel(LEAN_SOURCE, "lean_copy")
+        for b in blocks_of:
+            streams[f"lean{b}"] = side
+            lean[f"lean{b}"] = b
+            routes.append(f"lean{b}-managed")
+    threads_of = {
+        f"staged{t}": int(t) for t in (x.strip() for x in args.staged_threads.split(",")) if t
+    }
+    for name in threads_of:
+        streams[name] = side
+        routes += [f"{name}-managed", f"{name}-pinned"]
     pieces = chunks(total, CHUNK, RING)
     rows: list[dict[str, Any]] = []
     with cuda.fresh(total) as ptr, torch.inference_mode():
@@ -136,16 +256,43 @@ def main(argv: list[str] | None = None) -> int:
         pinned_view = torch.as_tensor(Span(pinned.data_ptr(), total), device="cuda")
         sources = {"managed": managed, "pinned": pinned}
         kernel_sources = {"managed": managed, "pinned": pinned_view.view(torch.uint8)}
+        # The host pages of the same managed memory, as a CPU tensor (the staged routes).
+        host_view = torch.frombuffer((ctypes.c_uint8 * total).from_address(ptr), dtype=torch.uint8)
+        staged_from = {"managed": host_view, "pinned": pinned}
+        staged = Staged(torch, host_view, ring, side) if threads_of else None
 
         def queue(route: str, some: list[tuple[int, int, int]]) -> None:
             """Queue the pieces ``some`` on the side stream by ``route``, after the compute
             stream's work so far."""
-            if route == "none":
+            if route == "none" or not some:
                 return
             how, where = route.split("-")
             src = sources[where] if how == "memcpy" else kernel_sources[where]
             stream = streams[how]
             stream.wait_stream(torch.cuda.current_stream())
+            if how in ("batch", "overlap"):
+                base = ring.data_ptr()
+                cuda.copy_batch(
+                    [(base + r, src.data_ptr() + s, n) for s, r, n in some],
+                    stream.cuda_stream,
+                    src=HOST,
+                    overlap=how == "overlap",
+                )
+                return
+            if how.startswith("staged"):
+                assert staged is not None
+                staged.host = staged_from[where]
+                staged.put(some)
+                return
+            if how.startswith("lean"):
+                for s, r, n in some:
+                    lean["kernel"](
+                        grid=(lean[how], 1, 1),
+                        block=(1024, 1, 1),
+                        args=[ring[r : r + n], src[s : s + n], n // 16],
+                        stream=stream,
+                    )
+                return
             with torch.cuda.stream(stream):
                 for s, r, n in some:
                     dst, part = ring[r : r + n], src[s : s + n]
@@ -157,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         def sync() -> None:
             """Wait for the device: green contexts' streams too, which a device-wide
             synchronisation of the primary context may not cover."""
+            if staged is not None:
+                staged.drain()
             torch.cuda.synchronize()
             for st in streams.values():
                 st.synchronize()
@@ -202,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
             return begin.elapsed_time(end) / 1e3, host
 
         for route in routes:
+            how = route.split("-")[0]
+            if how in threads_of:
+                assert staged is not None
+                staged.threads = threads_of[how]
             start = copies(route)
             fwd, alone, host, fwd_in, host_in = [], [], [], [], []
             for rep in range(args.reps + 1):  # rep 0 warms up

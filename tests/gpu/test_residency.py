@@ -585,7 +585,7 @@ def _nudged(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
     return model.cuda().eval(), torch.randn(256, 1024, device="cuda")
 
 
-@pytest.mark.parametrize("copy_sms", ["auto", 0])
+@pytest.mark.parametrize("copy_sms", ["auto", 0, 1])
 def test_inference_streams_weights_by_copy_and_matches_in_memory(
     torch_mod: Any, um: Any, limits: Limits, copy_sms: int | str
 ) -> None:
@@ -593,9 +593,10 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
     parameters of some module calls by copy; outputs equal the in-memory run's through a
     batch-size change, weights changed between forwards, no_grad as well as
     inference_mode, and a call whose parameter is written in place during it. The
-    copies run on a green context's few SMs (auto: Note [Copies on few SMs]) and on a
-    plain stream (0)."""
-    from torch.cuda import _um_streams
+    copies run on the lean copy kernel's two SMs (auto) or one (1) (Note [Lean copies];
+    where it cannot be compiled, a green context's few SMs: Note [Copies on few SMs]),
+    and by foreach on a plain stream (0)."""
+    from torch.cuda import _um_copy, _um_streams
 
     try:
         from torch.cuda import green_contexts  # absent from older torch versions
@@ -605,16 +606,60 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
         green = False
     release_cache(torch)
     held_before = torch.cuda.memory_allocated()
+    lean_before = um.predict_stats().get("predict.stream_lean_copies", 0)
     um.configure(device_budget="90%", read_copies=False, predict_copy_sms=copy_sms)
     try:
         _streams_weights(um, held_before)
     finally:
         um.configure(predict_copy_sms="auto")
+    stats = um.predict_stats()
+    lean = _um_copy.copier(0) is not None
     want = 0
-    if copy_sms == "auto" and green:
+    if copy_sms != 0 and lean:
+        want = _um_copy.BLOCKS if copy_sms == "auto" else int(copy_sms)
+    elif copy_sms == "auto" and green:
         want = _um_streams.auto_copy_sms(0)
-    got_sms = um.predict_stats()["predict.stream_copy_sms"]
-    assert got_sms == want, (got_sms, _um_streams.green_failures)
+    assert stats["predict.stream_copy_sms"] == want, (
+        stats["predict.stream_copy_sms"], _um_copy.failures, _um_streams.green_failures
+    )
+    lean_copies = stats["predict.stream_lean_copies"] - lean_before
+    assert (lean_copies > 0) == (copy_sms != 0 and lean), (lean_copies, _um_copy.failures)
+
+
+def test_lean_copy_kernel_copies_any_offset_and_size(torch_mod: Any, um: Any, limits: Limits) -> None:
+    """Note [Lean copies]: the kernel copies bytes exactly at every alignment of source
+    and destination (16-byte words where they share it, bytes where not), every size
+    around its word and unroll boundaries, and leaves the bytes around the destination
+    alone. (Sources in host RAM: the streaming test above.)"""
+    from torch.cuda import _um_copy
+
+    lean = _um_copy.copier(0)
+    if lean is None:
+        pytest.skip(f"no lean copy kernel here: {_um_copy.failures.get(0)}")
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    src = torch.randint(0, 256, (8 * MiB + 64,), dtype=torch.uint8, device="cuda", generator=gen)
+    dst = torch.zeros(8 * MiB + 64, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    sizes = [1, 15, 16, 17, 255, 4096, 1024 * 16 * 8 * 2 - 1, 1024 * 16 * 8 * 2 + 33, 8 * MiB]
+    checked = 0
+    for so in (0, 3, 16):
+        for do in (0, 5, 16):
+            for n in sizes:
+                dst.zero_()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    assert lean.copy(dst[do : do + n], src[so : so + n], stream.cuda_stream, 2)
+                torch.cuda.current_stream().wait_stream(stream)
+                assert torch.equal(dst[do : do + n], src[so : so + n]), (so, do, n)
+                assert int(dst[:do].count_nonzero()) == 0 and int(dst[do + n :].count_nonzero()) == 0
+                checked += 1
+    # Strided tensors and sizes that differ are left to foreach.
+    assert not lean.copy(dst[: 2 * 64].view(2, 64)[:, :32], src[:64].view(2, 32), stream.cuda_stream, 2)
+    assert not lean.copy(dst[:10], src[:11], stream.cuda_stream, 2)
+    torch.cuda.synchronize()
+    assert checked == 81
 
 
 def _streams_weights(um: Any, held_before: int) -> None:

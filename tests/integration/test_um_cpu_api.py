@@ -399,25 +399,66 @@ def test_empty_cache_also_drops_the_streamers_rings(um: tuple[UmPath, Path]) -> 
 
 COPY_STREAM_PROBE = r"""
 import json, warnings, torch
-from torch.cuda import _um_streams, _um_weights
+from torch.cuda import _um_copy, _um_streams, _um_weights
 
 def no_green(device, sms):
     raise RuntimeError("no green contexts here")
 
-# No GPU here: the green context fails as on an old driver, and the plain stream is a stand-in.
+# No GPU here: the lean copy kernel and the green context fail as without NVRTC and on an
+# old driver, and the plain stream is a stand-in.
+_um_copy.copier = lambda device: None
+_um_copy.failures[0] = "RuntimeError: no NVRTC here"
 _um_streams._make_green = no_green
-_um_streams.side_stream = lambda device, role: f"plain:{device}:{role}"
+_um_weights.side_stream = _um_streams.side_stream = lambda device, role: f"plain:{device}:{role}"
+_um_weights.auto_copy_sms = lambda device: 16  # an H200's eighth
 st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30)
 out = {}
 for setting in (24, 0):
     st.copy_sms = setting
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = st._copy_stream(0)
-        again = st._copy_stream(0)  # kept: no second attempt, no second warning
-    out[str(setting)] = {"stream": got, "again": again, "sms": st.stats["copy_sms"],
+        got, blocks = st._copy_stream(0)
+        again, _ = st._copy_stream(0)  # kept: no second attempt, no second warning
+    out[str(setting)] = {"stream": got, "again": again, "sms": st.stats["copy_sms"], "lean": blocks,
                          "warnings": [str(w.message) for w in caught]}
 out["failures"] = {str(k): v for k, v in _um_streams.green_failures.items()}
+
+# A lean copy kernel (a stand-in): auto takes its 2 SMs, a count by name that many, 0 none.
+class Lean:
+    def __init__(self):
+        self.copied = []
+    def copy(self, dst, src, stream, blocks):
+        if src == "strided":
+            return False
+        if src == "broken":
+            raise RuntimeError("cuLaunchKernel of the lean copy failed (CUresult 700)")
+        self.copied.append([dst, src, stream, blocks])
+        return True
+
+class Side:
+    cuda_stream = 77
+
+lean = Lean()
+del _um_copy.failures[0]
+_um_copy.copier = lambda device: None if device in _um_copy.failures else lean
+st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30)
+out["lean"] = {}
+for setting in (-1, 24, 0):
+    st.copy_sms = setting
+    stream, blocks = st._copy_stream(0)
+    out["lean"][str(setting)] = [stream, blocks, st.stats["copy_sms"]]
+st.copy_sms = -1
+st._copy_stream(0)
+# One copied, one strided (left to foreach), one whose launch fails: it and all after it go
+# to foreach, the kernel is given up with a warning, and the stream is picked again.
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    rest = st._lean(0, Side(), 2, ["d1", "d2", "d3", "d4"], ["p1", "strided", "broken", "p4"])
+out["rest"] = rest
+out["copied"] = lean.copied
+out["lean_copies"] = st.stats["lean_copies"]
+out["lean_warnings"] = [str(w.message) for w in caught]
+out["after_failure"] = list(st._copy_stream(0))
 # configure() reaches a streamer that already exists at once, not at the next hook install.
 import torch.cuda.um as um
 um._streamer = st
@@ -431,10 +472,13 @@ print(json.dumps(out))
 
 
 def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
-    """Note [Copies on few SMs]: where no green context can be made, the weight streamer's
-    copies take the plain stream; a count the user asked for by name (not auto, not 0)
-    warns once, naming the setting and the reason; the stream is kept per setting; and
-    configure() changes the setting of a streamer that exists at once."""
+    """Note [Lean copies], Note [Copies on few SMs]: where neither the lean copy kernel
+    nor a green context can be had, the weight streamer's copies take the plain stream; a
+    count the user asked for by name (not auto, not 0) warns once, naming the setting and
+    both reasons; the stream is kept per setting. With the kernel, auto and a count take
+    that many blocks; a parameter it cannot copy goes to foreach, and a failed launch gives
+    the kernel up with one warning, nothing left uncopied. configure() changes the setting
+    of a streamer that exists at once."""
     _, venv = um
     got = probe(venv, COPY_STREAM_PROBE)
     asked = got["24"]
@@ -443,9 +487,22 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     assert len(asked["warnings"]) == 1, asked["warnings"]
     assert "predict_copy_sms:24" in asked["warnings"][0]
     assert "no green contexts here" in asked["warnings"][0]
+    assert asked["lean"] == 0
     assert got["0"] == {"stream": "plain:0:weights", "again": "plain:0:weights", "sms": 0,
-                        "warnings": []}
+                        "lean": 0, "warnings": []}
+    assert "no NVRTC here" in asked["warnings"][0]
     assert got["failures"] == {"(0, 24)": "RuntimeError: no green contexts here"}
+    # Note [Lean copies]: the kernel's blocks, on the plain side stream.
+    assert got["lean"] == {
+        "-1": ["plain:0:weights", 2, 2],
+        "24": ["plain:0:weights", 24, 24],
+        "0": ["plain:0:weights", 0, 0],
+    }
+    assert got["copied"] == [["d1", "p1", 77, 2]]
+    assert got["rest"] == [["d2", "d3", "d4"], ["strided", "broken", "p4"]]
+    assert got["lean_copies"] == 1
+    assert len(got["lean_warnings"]) == 1 and "CUresult 700" in got["lean_warnings"][0]
+    assert got["after_failure"] == ["plain:0:weights", 0]  # foreach from now on
     assert (got["configured"], got["configured_auto"]) == (8, -1)
     assert got["init"] is False
 

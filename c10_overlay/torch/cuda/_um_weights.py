@@ -69,7 +69,8 @@ forward to 0.056 s, against 0.060 s in the same run. What is left (step 15's
 timeline): the foreach copy kernels share the SMs with the forward's (its kernels take
 0.030 s instead of 0.026 s; copies by cudaMemcpyAsync out of managed memory, which the
 driver runs on SMs too, made the forward slower still; the copies now run on a few SMs:
-Note [Copies on few SMs] in _um_streams.py, 0.051 -> 0.043 s a forward, step 23); the
+Note [Copies on few SMs] in _um_streams.py, 0.051 -> 0.043 s a forward, step 23; on two,
+by a kernel of the engine's own: Note [Lean copies] in _um_copy.py, step 29); the
 forward's kernels wait 0.005 s behind a memset, for a reason not known; and the engine
 discards and places again 0.36 GB of the allocator's cached blocks a forward. Growing
 the target until those discards stopped streamed every weight (2.4 GB a forward) and
@@ -110,12 +111,14 @@ import weakref
 from collections.abc import Callable
 
 import torch
+from torch.cuda import _um_copy
 from torch.cuda import _um_plan as plan
 from torch.cuda._um_streams import (
     auto_copy_sms,
     current_stream,
     few_sm_stream,
     green_failures,
+    side_stream,
 )
 
 MIN_LOOKAHEAD = 32 << 20
@@ -339,8 +342,9 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         self._generation = 0  # drop_rings() calls so far
         self.max_lookahead = max_lookahead
         self.set_budget(budget)
-        self.copy_sms = -1  # predict_copy_sms: -1 auto, 0 any SM (Note [Copies on few SMs])
-        self._sides: dict[int, tuple[int, torch.cuda.Stream]] = {}  # device -> (setting, stream)
+        self.copy_sms = -1  # predict_copy_sms: -1 auto, 0 any SM (Note [Lean copies])
+        # device -> (setting, stream, blocks of the lean copy kernel: 0 for foreach)
+        self._sides: dict[int, tuple[int, torch.cuda.Stream, int]] = {}
         self.active = True
         self.stats = dict.fromkeys(
             (
@@ -358,6 +362,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 "pressured",
                 "target_bytes",
                 "copy_sms",
+                "lean_copies",
             ),
             0,
         )
@@ -570,7 +575,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 ],
                 (start, start + sum(sizes)),
             )
-            side = self._copy_stream(run.device)
+            side, blocks = self._copy_stream(run.device)
             # After the calls that read this part of the ring before, and after every
             # write to its parameters queued so far (Note [Weight streaming]).
             versions = run.record.versions
@@ -588,33 +593,84 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             for reader in run.ring.parts.readers(copy.span):
                 side.wait_event(reader)
             with torch.cuda.stream(side):
-                # A kernel, not a cudaMemcpyAsync per parameter: both read host RAM at
-                # 51 GB/s, and the copy engine's copies left the forward 3 ms slower
-                # though the kernels ran faster without the copy's SMs (step 15).
-                torch._foreach_copy_(views, params)
+                # Kernels, not a cudaMemcpyAsync per parameter: the driver runs those on
+                # SMs too out of managed memory, and they slowed the forward more (steps
+                # 15, 29).
+                if blocks:
+                    views, params = self._lean(run.device, side, blocks, views, params)
+                if views:
+                    torch._foreach_copy_(views, params)
                 copy.done.record(side)
             run.issued[j] = copy
 
-    def _copy_stream(self, device: int) -> torch.cuda.Stream:
-        """The stream the copies run on: a green context's of ``copy_sms`` SMs (Note
-        [Copies on few SMs], _um_streams.py), or a plain one."""
+    def _lean(
+        self,
+        device: int,
+        side: torch.cuda.Stream,
+        blocks: int,
+        views: list[torch.Tensor],
+        params: list[torch.Tensor],
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Queue the copies the lean kernel can make (Note [Lean copies], _um_copy.py);
+        the rest, for foreach."""
+        lean = _um_copy.copier(device)
+        rest_v: list[torch.Tensor] = []
+        rest_p: list[torch.Tensor] = []
+        done = 0
+        handle = int(side.cuda_stream)
+        for k, (v, p) in enumerate(zip(views, params, strict=True)):
+            try:
+                if lean is not None and lean.copy(v, p, handle, blocks):
+                    done += 1
+                    continue
+            except RuntimeError as e:
+                _um_copy.drop(device, str(e))
+                self._sides.pop(device, None)  # the next call picks the stream again
+                warnings.warn(
+                    f"torch.cuda.um: {e}; the weight streamer copies by foreach from now on",
+                    stacklevel=2,
+                )
+                lean = None
+                rest_v += views[k:]
+                rest_p += params[k:]
+                break
+            rest_v.append(v)
+            rest_p.append(p)
+        if done:
+            with self._lock:
+                self.stats["lean_copies"] += done
+        return rest_v, rest_p
+
+    def _copy_stream(self, device: int) -> tuple[torch.cuda.Stream, int]:
+        """The stream the copies run on, and the blocks of the lean copy kernel (0:
+        foreach). ``copy_sms`` auto or N: the lean kernel on 2 or N SMs, on a plain side
+        stream (Note [Lean copies], _um_copy.py); where it cannot be had, foreach on a
+        green context's eighth of the SMs, or N (Note [Copies on few SMs],
+        _um_streams.py), or a plain stream; 0: foreach on a plain stream."""
         setting = self.copy_sms
         kept = self._sides.get(device)
         if kept is not None and kept[0] == setting:
-            return kept[1]
-        want = setting if setting >= 0 else auto_copy_sms(device)
-        stream, got = few_sm_stream(device, "weights", want)
-        self._sides[device] = (setting, stream)
-        if setting > 0 and got == 0:  # asked for by name: say why it was not had
-            why = green_failures.get((device, want), "unknown")
-            warnings.warn(
-                f"torch.cuda.um: predict_copy_sms:{setting} could not be had on device "
-                f"{device} ({why}); the weight streamer's copies may use every SM",
-                stacklevel=2,
-            )
+            return kept[1], kept[2]
+        blocks = 0
+        if setting != 0 and _um_copy.copier(device) is not None:
+            blocks = setting if setting > 0 else _um_copy.BLOCKS
+            stream, got = side_stream(device, "weights"), blocks
+        else:
+            want = setting if setting >= 0 else auto_copy_sms(device)
+            stream, got = few_sm_stream(device, "weights", want)
+            if setting > 0 and got == 0:  # asked for by name: say why it was not had
+                why = green_failures.get((device, want), "unknown")
+                lean_why = _um_copy.failures.get(device, "unknown")
+                warnings.warn(
+                    f"torch.cuda.um: predict_copy_sms:{setting} could not be had on device "
+                    f"{device} (no lean copy kernel: {lean_why}; no green context: {why}); "
+                    "the weight streamer's copies may use every SM",
+                    stacklevel=2,
+                )
+        self._sides[device] = (setting, stream, blocks)
         with self._lock:
             self.stats["copy_sms"] = got  # the last device's; one device in practice
-        return stream
+        return stream, blocks
 
     def _restore(self, run: _Pass, module: torch.nn.Module) -> None:
         stack = run.swapped.get(id(module))

@@ -1260,9 +1260,12 @@ def predict_stats() -> dict[str, int]:
     every parameter in place, for want of device memory for the ring of copies),
     ``predict.stream_unused_bytes`` (copied, then not used: the forward departed),
     ``predict.stream_stale`` (copies not used: the parameter changed after its copy),
-    ``predict.stream_write_backs`` (parameters a call wrote in place, copied back) and
+    ``predict.stream_write_backs`` (parameters a call wrote in place, copied back),
     ``predict.stream_pressured`` (forwards in which the engine still evicted to make
-    room: the target grew)."""
+    room: the target grew), ``predict.stream_copy_sms`` (the SMs the copies hold: the
+    lean copy kernel's blocks or a green context's SMs; 0: any) and
+    ``predict.stream_lean_copies`` (parameters copied by the lean copy kernel: Note
+    [Lean copies], torch/cuda/_um_copy.py)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())

@@ -52,11 +52,12 @@ struct Config {
   // predict_lookahead bounds the bytes brought back ahead of their use.
   bool predict = true;
   uint64_t predict_lookahead = 1ull << 30;
-  // The weight streamer's copies (Note [Weight streaming]) run on a stream of
-  // a CUDA green context of at most this many SMs: a copy kernel holds its SMs
-  // while it waits on the link, and the forward's kernels beside it keep the
-  // rest. -1 is auto (an eighth of the device's SMs, a multiple of 8, at least
-  // 8); 0 lets the copies take any SM (a plain stream).
+  // The most SMs the weight streamer's copies (Note [Weight streaming]) hold:
+  // a copy kernel holds its SMs while it waits on the link, and the forward's
+  // kernels beside it keep the rest. -1 is auto: 2, by the engine's own copy
+  // kernel (Note [Lean copies], torch/cuda/_um_copy.py), or where it cannot be
+  // had a CUDA green context of an eighth of the SMs; 0 lets the copies take
+  // any SM (foreach on a plain stream).
   int32_t predict_copy_sms = -1;
   // Data its user only reads (parameters in a forward without autograd)
   // comes back to the device as a read-only copy, which leaves without a

@@ -1,0 +1,135 @@
+"""The weight streamer's copy kernel: host RAM to the ring on a few SMs.
+
+Note [Lean copies]
+A copy that reads host RAM by kernel is bound by how many reads each SM keeps in flight
+while they cross the link. ``torch._foreach_copy_`` keeps few a thread, so it needs many
+SMs to fill the link: 16 SMs of a green context carried 48 GB/s, 8 carried 34-37
+(Note [Copies on few SMs], _um_streams.py). Those SMs are the forward's loss, and more
+than their share: the forward's GEMMs are sized for every SM, and an SM held by a copy
+keeps one of their blocks waiting. This kernel has each of 1024 threads a block hold
+eight 16-byte loads in flight, so that two blocks, two SMs, carry the link alone: 50 GB/s
+on the H200 host, where the forward beside the copies took 29.8-30.8 ms against 31.8-31.9
+with foreach on 16 SMs and 24.6 ms without copies (``python -m bench.overlap_probe``,
+bench/README.md step 29). Fewer blocks were better at every count tried (2, 4, 8, 16).
+
+It is compiled at run time by NVRTC (``torch.cuda._compile_kernel``), once per device at
+the first streamed copy, and launched with ``cuLaunchKernel`` through ctypes, one launch
+per parameter. Where it cannot be had (a torch without ``_compile_kernel``, no NVRTC, a
+failed launch), ``copier()`` returns None, ``failures`` says why, and the streamer's
+copies go back to ``torch._foreach_copy_`` (on a green context's few SMs where those
+exist). A launch that fails has queued nothing: it raises, the streamer drops the copier
+with a warning and copies that parameter, and all after it, the old way. No copy is
+ever left undone.
+
+Only a contiguous parameter is copied as bytes; a strided one is left to foreach. The
+kernel copies 16-byte words where source and destination share their alignment modulo
+16 (the ring's parts start 512-byte aligned, parameters from the caching allocator too),
+bytes otherwise.
+
+Thread-safe: one copier per device, made under a lock; a launch keeps its arguments in
+its own ctypes objects.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+THREADS = 1024  # a block's threads: 8 loads of 16 bytes in flight each
+BLOCKS = 2  # predict_copy_sms:auto (Note [Lean copies])
+
+SOURCE = r"""
+extern "C" __global__ void __launch_bounds__(1024, 1)
+um_lean_copy(unsigned char* __restrict__ dst, const unsigned char* __restrict__ src,
+             unsigned long long n) {
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  const unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned long long d0 = (unsigned long long)dst;
+  if (((d0 ^ (unsigned long long)src) & 15ull) != 0ull) {
+    for (unsigned long long j = t; j < n; j += stride) dst[j] = src[j];
+    return;
+  }
+  unsigned long long head = (16ull - (d0 & 15ull)) & 15ull;
+  if (head > n) head = n;
+  const unsigned long long words = (n - head) / 16ull;
+  const uint4* s = reinterpret_cast<const uint4*>(src + head);
+  uint4* d = reinterpret_cast<uint4*>(dst + head);
+  unsigned long long i = t;
+  for (; i + 7ull * stride < words; i += 8ull * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = s[i + k * stride];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) d[i + k * stride] = v[k];
+  }
+  for (; i < words; i += stride) d[i] = s[i];
+  for (unsigned long long j = t; j < head; j += stride) dst[j] = src[j];
+  for (unsigned long long j = head + words * 16ull + t; j < n; j += stride) dst[j] = src[j];
+}
+"""
+
+_lock = threading.Lock()
+_copiers: dict[int, LeanCopier] = {}
+failures: dict[int, str] = {}  # device -> why it has no copier
+
+
+class LeanCopier:
+    """The compiled kernel of one device and its launcher."""
+
+    def __init__(self, device: int) -> None:
+        compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+        if compile_kernel is None:
+            raise RuntimeError("this torch has no torch.cuda._compile_kernel (NVRTC)")
+        with torch.cuda.device(device):
+            kernel = compile_kernel(SOURCE, "um_lean_copy")
+        self._kernel = kernel  # keeps its module loaded
+        func = getattr(kernel, "func", None)  # a CUfunction, as ctypes.c_void_p
+        self._func = ctypes.c_void_p(func.value if isinstance(func, ctypes.c_void_p) else func)
+        if not self._func.value:
+            raise RuntimeError("torch.cuda._compile_kernel gave no function handle")
+        launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+        launch.restype = ctypes.c_int
+        launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        self._launch = launch
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int, blocks: int) -> bool:
+        """Queue a copy of ``src``'s bytes over ``dst``'s on the stream handle ``stream``,
+        on ``blocks`` SMs. False, with nothing queued, where this kernel does not apply
+        (either tensor strided, sizes that differ); RuntimeError, with nothing queued,
+        where the launch failed."""
+        n = src.nbytes
+        if n == 0 or dst.nbytes != n or not (src.is_contiguous() and dst.is_contiguous()):
+            return False
+        d = ctypes.c_void_p(dst.data_ptr())
+        s = ctypes.c_void_p(src.data_ptr())
+        size = ctypes.c_ulonglong(n)
+        params = (ctypes.c_void_p * 3)(
+            ctypes.addressof(d), ctypes.addressof(s), ctypes.addressof(size)
+        )
+        err = self._launch(self._func, blocks, 1, 1, THREADS, 1, 1, 0, stream, params, None)
+        if err != 0:
+            raise RuntimeError(f"cuLaunchKernel of the lean copy failed (CUresult {err})")
+        return True
+
+
+def copier(device: int) -> LeanCopier | None:
+    """The device's copier, made on first use; None where it cannot be had (``failures``
+    says why, once per device)."""
+    with _lock:
+        made = _copiers.get(device)
+        if made is not None or device in failures:
+            return made
+        try:
+            made = _copiers[device] = LeanCopier(device)
+        except Exception as e:  # any failure leaves foreach
+            failures[device] = f"{type(e).__name__}: {e}"
+        return made
+
+
+def drop(device: int, why: str) -> None:
+    """Give up the device's copier (a launch failed): the streamer goes back to foreach."""
+    with _lock:
+        _copiers.pop(device, None)
+        failures[device] = why
