@@ -21,7 +21,11 @@ warms up, then prints JSON lines:
   device), CPU seconds that grow mean it did more or ran slower (step 25);
 - the host seconds a forward spends in each global module hook (each wrapped in a timer),
   and the module calls a forward makes;
-- with ``--profile``, cProfile's 40 heaviest functions over two forwards, by own time.
+- with ``--profile``, cProfile's 40 heaviest functions over two forwards, by own time;
+- with ``--alternate-copies`` (``um``), the weight streamer's copies alternate forward by
+  forward (A B B A ...) between its lean copy kernel and foreach on a green context (Note
+  [Lean copies]), ``routes`` naming each forward's: both routes measured in one process,
+  so in the same CPU state (bench/README.md step 29).
 """
 
 from __future__ import annotations
@@ -94,6 +98,29 @@ def _thread_usage() -> tuple[float, int, int]:
     return time.thread_time(), r.ru_nvcsw, r.ru_nivcsw
 
 
+def _route_switch(torch: Any, um: Any) -> Callable[[bool], str]:
+    """A function that sets the weight streamer's copy route for the next forward: the
+    lean kernel (True) or foreach on a green context (False), and names it."""
+    from torch.cuda import _um_copy
+
+    device = torch.cuda.current_device()
+    lean = _um_copy.copier(device)
+    if lean is None:
+        raise SystemExit(f"no lean copy kernel to alternate with: {_um_copy.failures}")
+
+    def use(on: bool) -> str:
+        if on:
+            _um_copy.failures.pop(device, None)
+            _um_copy._copiers[device] = lean
+        else:
+            _um_copy._copiers.pop(device, None)
+            _um_copy.failures[device] = "hooks_probe --alternate-copies"
+        um._streamer._sides.clear()  # the stream and route are picked again
+        return "lean" if on else "green"
+
+    return use
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("stock", "um"), required=True)
@@ -102,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--forwards", type=int, default=6)
     ap.add_argument("--profile", action="store_true", help="add cProfile's heaviest functions")
+    ap.add_argument(
+        "--alternate-copies",
+        action="store_true",
+        help="alternate the weight copies between the lean kernel and foreach (um)",
+    )
     a = ap.parse_args(argv)
     import torch
     from torch.nn.modules import module as nn_module
@@ -119,10 +151,14 @@ def main(argv: list[str] | None = None) -> int:
 
     for _ in range(a.warmup):
         forward()
+    routes: list[str] = []
+    use_route = _route_switch(torch, um) if a.alternate_copies and um is not None else None
     host, wall, changes = [], [], []
     cpu_s, switches, cpus, canary = [], [], [], []
     threads0, loop0 = _threads_cpu(), time.perf_counter()
-    for _ in range(a.forwards):
+    for i in range(a.forwards):
+        if use_route is not None:
+            routes.append(use_route(i % 4 in (0, 3)))
         torch.cuda.synchronize()
         canary.append(cpu_canary())
         before = engine_counters(um)
@@ -152,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": cpus,  # the CPU at the start and at the end of each forward
         "affinity": sorted(os.sched_getaffinity(0)),
         "canary_s": canary,  # the same pure-Python work before each forward
+        "routes": routes,  # with --alternate-copies: each forward's copy route
         # each thread's CPU seconds over the loop's seconds (1.0: a whole CPU), nonzero
         "thread_busy": {k: v for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v},
     }

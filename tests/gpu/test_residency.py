@@ -585,17 +585,19 @@ def _nudged(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
     return model.cuda().eval(), torch.randn(256, 1024, device="cuda")
 
 
-@pytest.mark.parametrize("copy_sms", ["auto", 0, 1])
+@pytest.mark.parametrize(
+    ("kernel", "copy_sms"), [("foreach", "auto"), ("foreach", 0), ("lean", "auto"), ("lean", 1)]
+)
 def test_inference_streams_weights_by_copy_and_matches_in_memory(
-    torch_mod: Any, um: Any, limits: Limits, copy_sms: int | str
+    torch_mod: Any, um: Any, limits: Limits, kernel: str, copy_sms: int | str
 ) -> None:
     """Note [Weight streaming]: past the budget, forwards without autograd read the
     parameters of some module calls by copy; outputs equal the in-memory run's through a
     batch-size change, weights changed between forwards, no_grad as well as
     inference_mode, and a call whose parameter is written in place during it. The
-    copies run on the lean copy kernel's two SMs (auto) or one (1) (Note [Lean copies];
-    where it cannot be compiled, a green context's few SMs: Note [Copies on few SMs]),
-    and by foreach on a plain stream (0)."""
+    copies run by foreach on a green context's few SMs (auto: Note [Copies on few SMs])
+    or a plain stream (0), and by the lean copy kernel on two SMs (auto) or one (1)
+    (Note [Lean copies]; where it cannot be compiled, foreach as for auto)."""
     from torch.cuda import _um_copy, _um_streams
 
     try:
@@ -607,13 +609,18 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
     release_cache(torch)
     held_before = torch.cuda.memory_allocated()
     lean_before = um.predict_stats().get("predict.stream_lean_copies", 0)
-    um.configure(device_budget="90%", read_copies=False, predict_copy_sms=copy_sms)
+    um.configure(
+        device_budget="90%",
+        read_copies=False,
+        predict_copy_sms=copy_sms,
+        predict_copy_kernel=kernel,
+    )
     try:
         _streams_weights(um, held_before)
     finally:
-        um.configure(predict_copy_sms="auto")
+        um.configure(predict_copy_sms="auto", predict_copy_kernel="foreach")
     stats = um.predict_stats()
-    lean = _um_copy.copier(0) is not None
+    lean = kernel == "lean" and _um_copy.copier(0) is not None
     want = 0
     if copy_sms != 0 and lean:
         want = _um_copy.BLOCKS if copy_sms == "auto" else int(copy_sms)

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
-    "predict, predict_lookahead, predict_copy_sms, read_copies, host_alloc, host_alloc_min, "
-    "pin_in_place."
+    "predict, predict_lookahead, predict_copy_sms, predict_copy_kernel, read_copies, host_alloc, "
+    "host_alloc_min, pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
 RESIDENCY = {
@@ -38,6 +38,7 @@ RESIDENCY = {
     "predict": "True",
     "predict_lookahead": str(1 << 30),
     "predict_copy_sms": "auto",
+    "predict_copy_kernel": "foreach",
     "read_copies": "False",
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
@@ -101,6 +102,10 @@ um.configure("predict_copy_sms:0")
 out["copy_sms_text"] = um.get_config()["predict_copy_sms"]
 um.configure(predict_copy_sms="auto")
 out["copy_sms_auto"] = um.get_config()["predict_copy_sms"]
+um.configure(predict_copy_kernel="lean")
+out["copy_kernel"] = um.get_config()["predict_copy_kernel"]
+um.configure("predict_copy_kernel:foreach")
+out["copy_kernel_text"] = um.get_config()["predict_copy_kernel"]
 
 bad = {}
 for conf in json.loads(sys.argv[1]):
@@ -117,7 +122,8 @@ for name, kwargs in {"bool_enabled": {"enabled": "yes"}, "negative": {"max_manag
                      "bool_size": {"host_headroom": True}, "float_size": {"device_budget": 1.5},
                      "str_predict": {"predict": "yes"},
                      "small_lookahead": {"predict_lookahead": "4KiB"},
-                     "bool_copy_sms": {"predict_copy_sms": True}}.items():
+                     "bool_copy_sms": {"predict_copy_sms": True},
+                     "int_copy_kernel": {"predict_copy_kernel": 1}}.items():
     try:
         um.configure(**kwargs)
         pybad[name] = None
@@ -187,6 +193,7 @@ BAD = {
     "predict_lookahead:4096": ["'predict_lookahead'", "at least 1MiB, got '4096'"],
     "predict_copy_sms:half": ["'predict_copy_sms' takes auto, 0", "got 'half'"],
     "predict_copy_sms:2.5": ["'predict_copy_sms' takes auto", "got '2.5'"],
+    "predict_copy_kernel:cuda": ["'predict_copy_kernel' takes foreach", "or lean", "got 'cuda'"],
     # a bad item after a good one: nothing applies (the probe checks get_config is unchanged)
     "enabled:False,prefetch:nope": ["'prefetch' takes True or False, got 'nope'"],
 }
@@ -255,6 +262,7 @@ def test_configure_get_config_round_trip(api: dict[str, Any]) -> None:
     }
     assert api["reset"] == {**api["setters"], "enabled": "True", "max_managed": "none"}
     assert (api["copy_sms"], api["copy_sms_text"], api["copy_sms_auto"]) == ("16", "0", "auto")
+    assert (api["copy_kernel"], api["copy_kernel_text"]) == ("lean", "foreach")
 
 
 @pytest.mark.parametrize("conf", list(BAD))
@@ -275,6 +283,7 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
         "str_predict": "TypeError",
         "small_lookahead": "ValueError",  # the engine's message: at least 1MiB
         "bool_copy_sms": "TypeError",
+        "int_copy_kernel": "TypeError",
     }
     assert api["predict_stats"] == {}  # no forward ran past a budget
 
@@ -412,6 +421,7 @@ _um_streams._make_green = no_green
 _um_weights.side_stream = _um_streams.side_stream = lambda device, role: f"plain:{device}:{role}"
 _um_weights.auto_copy_sms = lambda device: 16  # an H200's eighth
 st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30)
+st.copy_lean = True  # predict_copy_kernel:lean, which cannot be had here either
 out = {}
 for setting in (24, 0):
     st.copy_sms = setting
@@ -442,6 +452,9 @@ lean = Lean()
 del _um_copy.failures[0]
 _um_copy.copier = lambda device: None if device in _um_copy.failures else lean
 st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30)
+# Not asked for (predict_copy_kernel:foreach, the default): foreach, though the kernel is there.
+out["not_asked"] = list(st._copy_stream(0))
+st.copy_lean = True
 out["lean"] = {}
 for setting in (-1, 24, 0):
     st.copy_sms = setting
@@ -462,8 +475,8 @@ out["after_failure"] = list(st._copy_stream(0))
 # configure() reaches a streamer that already exists at once, not at the next hook install.
 import torch.cuda.um as um
 um._streamer = st
-um.configure(predict_copy_sms=8)
-out["configured"] = st.copy_sms
+um.configure(predict_copy_sms=8, predict_copy_kernel="foreach")
+out["configured"] = [st.copy_sms, st.copy_lean]
 um.configure("predict_copy_sms:auto")
 out["configured_auto"] = st.copy_sms
 out["init"] = torch.cuda.is_initialized()
@@ -473,12 +486,13 @@ print(json.dumps(out))
 
 def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     """Note [Lean copies], Note [Copies on few SMs]: where neither the lean copy kernel
-    nor a green context can be had, the weight streamer's copies take the plain stream; a
-    count the user asked for by name (not auto, not 0) warns once, naming the setting and
-    both reasons; the stream is kept per setting. With the kernel, auto and a count take
-    that many blocks; a parameter it cannot copy goes to foreach, and a failed launch gives
-    the kernel up with one warning, nothing left uncopied. configure() changes the setting
-    of a streamer that exists at once."""
+    (asked for) nor a green context can be had, the weight streamer's copies take the plain
+    stream; a count the user asked for by name (not auto, not 0) warns once, naming the
+    setting and both reasons; the stream is kept per setting. The kernel is used only when
+    asked for (predict_copy_kernel:lean); then auto and a count take that many blocks; a
+    parameter it cannot copy goes to foreach, and a failed launch gives the kernel up with
+    one warning, nothing left uncopied. configure() changes the setting of a streamer that
+    exists at once."""
     _, venv = um
     got = probe(venv, COPY_STREAM_PROBE)
     asked = got["24"]
@@ -492,7 +506,8 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
                         "lean": 0, "warnings": []}
     assert "no NVRTC here" in asked["warnings"][0]
     assert got["failures"] == {"(0, 24)": "RuntimeError: no green contexts here"}
-    # Note [Lean copies]: the kernel's blocks, on the plain side stream.
+    # Note [Lean copies]: opt-in; then the kernel's blocks, on the plain side stream.
+    assert got["not_asked"] == ["plain:0:weights", 0]
     assert got["lean"] == {
         "-1": ["plain:0:weights", 2, 2],
         "24": ["plain:0:weights", 24, 24],
@@ -503,7 +518,7 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     assert got["lean_copies"] == 1
     assert len(got["lean_warnings"]) == 1 and "CUresult 700" in got["lean_warnings"][0]
     assert got["after_failure"] == ["plain:0:weights", 0]  # foreach from now on
-    assert (got["configured"], got["configured_auto"]) == (8, -1)
+    assert (got["configured"], got["configured_auto"]) == ([8, False], -1)
     assert got["init"] is False
 
 

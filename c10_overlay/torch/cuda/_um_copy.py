@@ -12,6 +12,14 @@ on the H200 host, where the forward beside the copies took 29.8-30.8 ms against 
 with foreach on 16 SMs and 24.6 ms without copies (``python -m bench.overlap_probe``,
 bench/README.md step 29). Fewer blocks were better at every count tried (2, 4, 8, 16).
 
+Opt-in (``predict_copy_kernel:lean``), not the default. In the benchmark (step 29) the
+streamed forward at full CPU speed took 0.0350 s with it against 0.0369 with foreach on 16
+SMs, under the 1.5x bar; but the GPU hosts' CPUs run at half speed at times, and there
+the evidence goes the other way: in one process that alternated the two routes forward by
+forward, the forwards with this kernel took 47.7 ms against 43.5 (medians of 16), and the
+CPU canary after them was slow 14 times of 15 against 10 of 16. Why is not known; until
+it is, foreach stays the default.
+
 It is compiled at run time by NVRTC (``torch.cuda._compile_kernel``), once per device at
 the first streamed copy, and launched with ``cuLaunchKernel`` through ctypes, one launch
 per parameter. Where it cannot be had (a torch without ``_compile_kernel``, no NVRTC, a
@@ -38,7 +46,7 @@ import threading
 import torch
 
 THREADS = 1024  # a block's threads: 8 loads of 16 bytes in flight each
-BLOCKS = 2  # predict_copy_sms:auto (Note [Lean copies])
+BLOCKS = 2  # predict_copy_sms:auto with predict_copy_kernel:lean (Note [Lean copies])
 
 SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(1024, 1)

@@ -70,7 +70,7 @@ timeline): the foreach copy kernels share the SMs with the forward's (its kernel
 0.030 s instead of 0.026 s; copies by cudaMemcpyAsync out of managed memory, which the
 driver runs on SMs too, made the forward slower still; the copies now run on a few SMs:
 Note [Copies on few SMs] in _um_streams.py, 0.051 -> 0.043 s a forward, step 23; on two,
-by a kernel of the engine's own: Note [Lean copies] in _um_copy.py, step 29); the
+by a kernel of the engine's own, opt-in: Note [Lean copies] in _um_copy.py, step 29); the
 forward's kernels wait 0.005 s behind a memset, for a reason not known; and the engine
 discards and places again 0.36 GB of the allocator's cached blocks a forward. Growing
 the target until those discards stopped streamed every weight (2.4 GB a forward) and
@@ -342,9 +342,10 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         self._generation = 0  # drop_rings() calls so far
         self.max_lookahead = max_lookahead
         self.set_budget(budget)
-        self.copy_sms = -1  # predict_copy_sms: -1 auto, 0 any SM (Note [Lean copies])
-        # device -> (setting, stream, blocks of the lean copy kernel: 0 for foreach)
-        self._sides: dict[int, tuple[int, torch.cuda.Stream, int]] = {}
+        self.copy_sms = -1  # predict_copy_sms: -1 auto, 0 any SM (Note [Copies on few SMs])
+        self.copy_lean = False  # predict_copy_kernel:lean (Note [Lean copies])
+        # device -> ((sms, lean), stream, blocks of the lean copy kernel: 0 for foreach)
+        self._sides: dict[int, tuple[tuple[int, bool], torch.cuda.Stream, int]] = {}
         self.active = True
         self.stats = dict.fromkeys(
             (
@@ -643,16 +644,17 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
 
     def _copy_stream(self, device: int) -> tuple[torch.cuda.Stream, int]:
         """The stream the copies run on, and the blocks of the lean copy kernel (0:
-        foreach). ``copy_sms`` auto or N: the lean kernel on 2 or N SMs, on a plain side
-        stream (Note [Lean copies], _um_copy.py); where it cannot be had, foreach on a
-        green context's eighth of the SMs, or N (Note [Copies on few SMs],
-        _um_streams.py), or a plain stream; 0: foreach on a plain stream."""
+        foreach). ``copy_sms`` auto or N: foreach on a green context's eighth of the SMs,
+        or N (Note [Copies on few SMs], _um_streams.py), where it can be had, else a
+        plain stream; with ``copy_lean``, the lean kernel on 2 or N SMs on a plain side
+        stream (Note [Lean copies], _um_copy.py), foreach as above where it cannot be
+        had. 0: foreach on a plain stream."""
         setting = self.copy_sms
         kept = self._sides.get(device)
-        if kept is not None and kept[0] == setting:
+        if kept is not None and kept[0] == (setting, self.copy_lean):
             return kept[1], kept[2]
         blocks = 0
-        if setting != 0 and _um_copy.copier(device) is not None:
+        if setting != 0 and self.copy_lean and _um_copy.copier(device) is not None:
             blocks = setting if setting > 0 else _um_copy.BLOCKS
             stream, got = side_stream(device, "weights"), blocks
         else:
@@ -660,14 +662,16 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             stream, got = few_sm_stream(device, "weights", want)
             if setting > 0 and got == 0:  # asked for by name: say why it was not had
                 why = green_failures.get((device, want), "unknown")
-                lean_why = _um_copy.failures.get(device, "unknown")
+                lean_why = ""
+                if self.copy_lean:
+                    lean_why = f"no lean copy kernel: {_um_copy.failures.get(device, 'unknown')}; "
                 warnings.warn(
                     f"torch.cuda.um: predict_copy_sms:{setting} could not be had on device "
-                    f"{device} (no lean copy kernel: {lean_why}; no green context: {why}); "
+                    f"{device} ({lean_why}no green context: {why}); "
                     "the weight streamer's copies may use every SM",
                     stacklevel=2,
                 )
-        self._sides[device] = (setting, stream, blocks)
+        self._sides[device] = ((setting, self.copy_lean), stream, blocks)
         with self._lock:
             self.stats["copy_sms"] = got  # the last device's; one device in practice
         return stream, blocks

@@ -322,6 +322,7 @@ def configure(
     predict: bool | None = None,
     predict_lookahead: Size | None = None,
     predict_copy_sms: int | str | None = None,
+    predict_copy_kernel: str | None = None,
     read_copies: bool | None = None,
     host_alloc: str | None = None,
     host_alloc_min: Size | None = None,
@@ -346,7 +347,11 @@ def configure(
             raise TypeError(f"conf must be a str, got {type(conf).__name__}")
         if conf.strip():
             parts.append(conf.strip())
-    for key, word in (("policy", policy), ("host_alloc", host_alloc)):
+    for key, word in (
+        ("policy", policy),
+        ("host_alloc", host_alloc),
+        ("predict_copy_kernel", predict_copy_kernel),
+    ):
         if word is not None:
             if not isinstance(word, str):
                 raise TypeError(f"{key} must be a str, got {type(word).__name__}")
@@ -658,7 +663,8 @@ def _apply_host_settings() -> None:
 
 
 def _apply_predict_settings() -> None:
-    """The one place ``predict_lookahead``, ``predict_copy_sms`` and the device budget reach
+    """The one place ``predict_lookahead``, ``predict_copy_sms``, ``predict_copy_kernel``
+    and the device budget reach
     the offloader and the streamer: when the streamer is made, and after every configure(),
     so that a change takes effect at once, not when the hooks are next installed."""
     conf = get_config()
@@ -669,6 +675,7 @@ def _apply_predict_settings() -> None:
         _streamer.max_lookahead = lookahead
         sms = conf.get("predict_copy_sms", "auto")
         _streamer.copy_sms = -1 if sms == "auto" else int(sms)  # -1: auto
+        _streamer.copy_lean = conf.get("predict_copy_kernel", "foreach") == "lean"
         budget = _current_budget()  # the ring's cap and the target's margin follow it
         if budget > 0:
             _streamer.set_budget(budget)
@@ -1262,10 +1269,10 @@ def predict_stats() -> dict[str, int]:
     ``predict.stream_stale`` (copies not used: the parameter changed after its copy),
     ``predict.stream_write_backs`` (parameters a call wrote in place, copied back),
     ``predict.stream_pressured`` (forwards in which the engine still evicted to make
-    room: the target grew), ``predict.stream_copy_sms`` (the SMs the copies hold: the
-    lean copy kernel's blocks or a green context's SMs; 0: any) and
-    ``predict.stream_lean_copies`` (parameters copied by the lean copy kernel: Note
-    [Lean copies], torch/cuda/_um_copy.py)."""
+    room: the target grew), ``predict.stream_copy_sms`` (the SMs the copies hold: a
+    green context's SMs or, with ``predict_copy_kernel:lean``, the lean copy kernel's
+    blocks; 0: any) and ``predict.stream_lean_copies`` (parameters copied by the lean
+    copy kernel: Note [Lean copies], torch/cuda/_um_copy.py)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())

@@ -15,7 +15,8 @@ namespace {
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
     "discard, hooks, predict, predict_lookahead, predict_copy_sms, "
-    "read_copies, host_alloc, host_alloc_min, pin_in_place";
+    "predict_copy_kernel, read_copies, host_alloc, host_alloc_min, "
+    "pin_in_place";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -171,6 +172,8 @@ std::string Config::str() const {
   s += ",predict_copy_sms:";
   s += predict_copy_sms < 0 ? std::string("auto")
                             : std::to_string(predict_copy_sms);
+  s += ",predict_copy_kernel:";
+  s += predict_copy_lean ? "lean" : "foreach";
   s += ",read_copies:";
   s += read_copies ? "True" : "False";
   s += ",host_alloc:";
@@ -252,6 +255,16 @@ Config parseConfig(
           value,
           "'.");
       cfg.lru = value == "lru";
+    } else if (key == "predict_copy_kernel") {
+      TORCH_CHECK(
+          value == "foreach" || value == "lean",
+          source,
+          ": 'predict_copy_kernel' takes foreach (torch._foreach_copy_ on a "
+          "green context of predict_copy_sms SMs) or lean (the engine's own "
+          "copy kernel on predict_copy_sms SMs, 2 for auto), got '",
+          value,
+          "'.");
+      cfg.predict_copy_lean = value == "lean";
     } else if (key == "host_alloc") {
       TORCH_CHECK(
           value == "default" || value == "managed",

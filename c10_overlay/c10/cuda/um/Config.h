@@ -54,11 +54,17 @@ struct Config {
   uint64_t predict_lookahead = 1ull << 30;
   // The most SMs the weight streamer's copies (Note [Weight streaming]) hold:
   // a copy kernel holds its SMs while it waits on the link, and the forward's
-  // kernels beside it keep the rest. -1 is auto: 2, by the engine's own copy
-  // kernel (Note [Lean copies], torch/cuda/_um_copy.py), or where it cannot be
-  // had a CUDA green context of an eighth of the SMs; 0 lets the copies take
-  // any SM (foreach on a plain stream).
+  // kernels beside it keep the rest. With foreach, the copies run on a stream
+  // of a CUDA green context of that many SMs; -1 is auto (an eighth of the
+  // device's SMs, a multiple of 8, at least 8). With the lean kernel, that
+  // many blocks; auto is 2. 0 lets the copies take any SM (foreach on a plain
+  // stream).
   int32_t predict_copy_sms = -1;
+  // The kernel of those copies: false is torch._foreach_copy_, true the
+  // engine's own (Note [Lean copies], torch/cuda/_um_copy.py), which carries
+  // the link on two SMs. Opt-in: measured faster at full CPU speed, not yet
+  // shown to win in the slow CPU state (bench/README.md, step 29).
+  bool predict_copy_lean = false;
   // Data its user only reads (parameters in a forward without autograd)
   // comes back to the device as a read-only copy, which leaves without a
   // write-back (Note [Read-only duplicates] in Residency.h). Off by default:
