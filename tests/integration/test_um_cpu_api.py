@@ -188,6 +188,7 @@ BAD = {
     "device_budget:-5%": ["must lie in (0, 100], got '-5%'"],
     "max_managed": ["expected key:value, got 'max_managed'", KEYS],
     "host_alloc:pinned": ["'host_alloc' takes default", "got 'pinned'"],
+    "policy:fifo": ["'policy' takes lru (residency", "or static (a segment", "got 'fifo'"],
     "host_alloc_min:big": ["'host_alloc_min' takes a size", "got 'big'"],
     "predict:often": ["'predict' takes True or False, got 'often'"],
     "predict_lookahead:4096": ["'predict_lookahead'", "at least 1MiB, got '4096'"],

@@ -61,6 +61,28 @@ bool parseBool(
       "'.");
 }
 
+// One of two words, `on` or `off`; true for `on`. `meaning` says what each does, for
+// the message.
+bool parseChoice(
+    std::string_view key,
+    std::string_view value,
+    std::string_view source,
+    std::string_view on,
+    std::string_view off,
+    std::string_view meaning) {
+  TORCH_CHECK(
+      value == on || value == off,
+      source,
+      ": '",
+      key,
+      "' takes ",
+      meaning,
+      ", got '",
+      value,
+      "'.");
+  return value == on;
+}
+
 uint64_t requireBytes(
     std::string_view key,
     std::string_view value,
@@ -246,36 +268,35 @@ Config parseConfig(
     } else if (key == "read_copies") {
       cfg.read_copies = parseBool(key, value, source);
     } else if (key == "policy") {
-      TORCH_CHECK(
-          value == "lru" || value == "static",
-          source,
-          ": 'policy' takes lru (residency managed over time under the "
-          "device budget) or static (a segment stays where it was placed "
-          "when allocated), got '",
+      cfg.lru = parseChoice(
+          key,
           value,
-          "'.");
-      cfg.lru = value == "lru";
+          source,
+          "lru",
+          "static",
+          "lru (residency managed over time under the device budget) or "
+          "static (a segment stays where it was placed when allocated)");
     } else if (key == "predict_copy_kernel") {
-      TORCH_CHECK(
-          value == "foreach" || value == "lean",
-          source,
-          ": 'predict_copy_kernel' takes foreach (torch._foreach_copy_ on a "
-          "green context of predict_copy_sms SMs) or lean (the engine's own "
-          "copy kernel on predict_copy_sms SMs, 2 for auto), got '",
+      cfg.predict_copy_lean = parseChoice(
+          key,
           value,
-          "'.");
-      cfg.predict_copy_lean = value == "lean";
+          source,
+          "lean",
+          "foreach",
+          "foreach (torch._foreach_copy_ on a green context of "
+          "predict_copy_sms SMs) or lean (the engine's own copy kernel on "
+          "predict_copy_sms SMs, 2 for auto)");
     } else if (key == "host_alloc") {
-      TORCH_CHECK(
-          value == "default" || value == "managed",
-          source,
-          ": 'host_alloc' takes default (CPU tensors use c10's CPU allocator "
-          "outside torch.cuda.um.managed_host()) or managed (CPU tensors of "
-          "at least host_alloc_min bytes are managed memory in host RAM once "
-          "CUDA is in use), got '",
+      cfg.host_alloc_managed = parseChoice(
+          key,
           value,
-          "'.");
-      cfg.host_alloc_managed = value == "managed";
+          source,
+          "managed",
+          "default",
+          "default (CPU tensors use c10's CPU allocator outside "
+          "torch.cuda.um.managed_host()) or managed (CPU tensors of at least "
+          "host_alloc_min bytes are managed memory in host RAM once CUDA is "
+          "in use)");
     } else if (key == "host_alloc_min") {
       cfg.host_alloc_min = requireBytes(key, value, source);
     } else if (key == "max_managed") {
