@@ -22,10 +22,11 @@ warms up, then prints JSON lines:
 - the host seconds a forward spends in each global module hook (each wrapped in a timer),
   and the module calls a forward makes;
 - with ``--profile``, cProfile's 40 heaviest functions over two forwards, by own time;
-- with ``--alternate-copies`` (``um``), the weight streamer's copies alternate forward by
-  forward (A B B A ...) between its lean copy kernel and foreach on a green context (Note
-  [Lean copies]), ``routes`` naming each forward's: both routes measured in one process,
-  so in the same CPU state (bench/README.md step 29).
+- with ``--alternate-copies A,B`` (``um``), the weight streamer's copies alternate forward
+  by forward (A B B A ...) between two routes: ``lean`` (its lean copy kernel, Note [Lean
+  copies]), ``lean-gil`` (the same, launched without letting the GIL go) and ``green``
+  (foreach on a green context); ``routes`` names each forward's. Both routes are measured
+  in one process, so in the same CPU state (bench/README.md step 29).
 """
 
 from __future__ import annotations
@@ -98,25 +99,37 @@ def _thread_usage() -> tuple[float, int, int]:
     return time.thread_time(), r.ru_nvcsw, r.ru_nivcsw
 
 
-def _route_switch(torch: Any, um: Any) -> Callable[[bool], str]:
-    """A function that sets the weight streamer's copy route for the next forward: the
-    lean kernel (True) or foreach on a green context (False), and names it."""
+ROUTES = ("lean", "lean-gil", "green")
+
+
+def _route_switch(torch: Any, um: Any) -> Callable[[str], str]:
+    """A function that sets the weight streamer's copy route for the next forward, and
+    returns its name: ``lean``, the lean kernel (Note [Lean copies]) launched through
+    ``ctypes.CDLL``, which lets the GIL go for each launch; ``lean-gil``, the same through
+    ``ctypes.PyDLL``, which keeps it; ``green``, foreach on a green context."""
+    import ctypes
+
     from torch.cuda import _um_copy
 
     device = torch.cuda.current_device()
     lean = _um_copy.copier(device)
     if lean is None:
         raise SystemExit(f"no lean copy kernel to alternate with: {_um_copy.failures}")
+    launches = {"lean": lean._launch, "lean-gil": ctypes.PyDLL("libcuda.so.1").cuLaunchKernel}
+    launches["lean-gil"].restype = lean._launch.restype
+    launches["lean-gil"].argtypes = lean._launch.argtypes
 
-    def use(on: bool) -> str:
-        if on:
+    def use(route: str) -> str:
+        if route in launches:
             _um_copy.failures.pop(device, None)
             _um_copy._copiers[device] = lean
+            lean._launch = launches[route]
         else:
             _um_copy._copiers.pop(device, None)
             _um_copy.failures[device] = "hooks_probe --alternate-copies"
+        um._streamer.copy_lean = route in launches
         um._streamer._sides.clear()  # the stream and route are picked again
-        return "lean" if on else "green"
+        return route
 
     return use
 
@@ -131,10 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="add cProfile's heaviest functions")
     ap.add_argument(
         "--alternate-copies",
-        action="store_true",
-        help="alternate the weight copies between the lean kernel and foreach (um)",
+        metavar="A,B",
+        help=f"alternate the weight copies between two routes of {', '.join(ROUTES)} (um)",
     )
     a = ap.parse_args(argv)
+    pair = a.alternate_copies.split(",") if a.alternate_copies else []
+    if pair and (len(pair) != 2 or not set(pair) <= set(ROUTES)):
+        raise SystemExit(f"--alternate-copies takes two of {', '.join(ROUTES)}, got {pair}")
     import torch
     from torch.nn.modules import module as nn_module
 
@@ -152,13 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(a.warmup):
         forward()
     routes: list[str] = []
-    use_route = _route_switch(torch, um) if a.alternate_copies and um is not None else None
+    use_route = _route_switch(torch, um) if pair and um is not None else None
     host, wall, changes = [], [], []
     cpu_s, switches, cpus, canary = [], [], [], []
     threads0, loop0 = _threads_cpu(), time.perf_counter()
     for i in range(a.forwards):
         if use_route is not None:
-            routes.append(use_route(i % 4 in (0, 3)))
+            routes.append(use_route(pair[0] if i % 4 in (0, 3) else pair[1]))
         torch.cuda.synchronize()
         canary.append(cpu_canary())
         before = engine_counters(um)
