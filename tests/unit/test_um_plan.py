@@ -280,6 +280,12 @@ def test_stream_plan_spreads_the_target_and_only_adds_calls_as_it_grows() -> Non
     # A call larger than the buffers is never streamed.
     big = [*_scan_calls(3), [(5, 900 * MiB)]]
     assert _plan(big, 10**12, largest=500 * MiB)[3] == []
+    # Larger as the ring holds it: two 1-byte parameters take two 512-byte parts, more
+    # than a 512-byte ring, though their bytes fit (the copy would find no room).
+    pair = [[(0, 1), (1, 1)]]
+    assert plan.stream_plan(pair, 10, [0], 512) == [[0, 1]]
+    assert plan.stream_plan(pair, 10, [0], 512, align=512) == [[]]
+    assert plan.stream_plan(pair, 10, [0], 1024, align=512) == [[0, 1]]
 
 
 def test_stream_plan_keeps_a_storage_that_several_calls_read() -> None:

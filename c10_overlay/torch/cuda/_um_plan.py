@@ -260,13 +260,18 @@ def spread_order(calls: list[list[tuple[int, int]]]) -> list[int]:
 
 
 def stream_plan(
-    calls: list[list[tuple[int, int]]], target: int, order: list[int], largest: int
+    calls: list[list[tuple[int, int]]],
+    target: int,
+    order: list[int],
+    largest: int,
+    align: int = 1,
 ) -> list[list[int]]:
     """Which parameters each recorded module call reads by copy.
 
     ``calls`` as for :func:`spread_order`, ``order`` its result. Calls are taken in
-    that order, skipping those whose own bytes exceed ``largest`` (what the copy buffers
-    hold), until their bytes reach ``target``. The link then works through the whole
+    that order, skipping those whose own bytes, each parameter rounded up to ``align``
+    as its part of the ring is (:func:`ring_bytes`), exceed ``largest`` (what the copy
+    buffers hold), until their bytes reach ``target``. The link then works through the whole
     forward, each copy under the compute of the calls before it, with a lookahead of a
     few calls; a suffix of the forward would leave the link idle until the suffix and
     then hold the compute back. A storage that several calls read stays on the device
@@ -278,12 +283,13 @@ def stream_plan(
     if target <= 0:
         return out
     own = _own_bytes(calls)
+    held = _own_bytes(calls, align)  # what each call takes of the ring
     chosen = [False] * len(calls)
     streamed = 0
     for i in order:
         if streamed >= target:
             break
-        if own[i] <= largest:
+        if held[i] <= largest:
             chosen[i] = True
             streamed += own[i]
     readers = _readers(calls)

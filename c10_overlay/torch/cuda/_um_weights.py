@@ -239,7 +239,7 @@ class _Record:
         """The calls' streamed parameters at the current target (kept until it moves)."""
         key = (self.target.bytes, largest)
         if self._plan is None or self._plan[:2] != key:
-            picked = plan.stream_plan(self.sizes, self.target.bytes, self.order, largest)
+            picked = plan.stream_plan(self.sizes, self.target.bytes, self.order, largest, ALIGN)
             self._plan = (*key, picked)
         return self._plan[2]
 
