@@ -124,7 +124,11 @@ class LeanCopier:
 
 def copier(device: int) -> LeanCopier | None:
     """The device's copier, made on first use; None where it cannot be had (``failures``
-    says why, once per device)."""
+    says why, once per device). The streamer asks at every streamed call: a copier that
+    exists is returned without the lock (one dict read)."""
+    made = _copiers.get(device)
+    if made is not None:
+        return made
     with _lock:
         made = _copiers.get(device)
         if made is not None or device in failures:

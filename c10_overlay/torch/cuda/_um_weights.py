@@ -631,7 +631,6 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                     f"torch.cuda.um: {e}; the weight streamer copies by foreach from now on",
                     stacklevel=2,
                 )
-                lean = None
                 rest_v += views[k:]
                 rest_p += params[k:]
                 break

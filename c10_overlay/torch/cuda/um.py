@@ -664,9 +664,9 @@ def _apply_host_settings() -> None:
 
 def _apply_predict_settings() -> None:
     """The one place ``predict_lookahead``, ``predict_copy_sms``, ``predict_copy_kernel``
-    and the device budget reach
-    the offloader and the streamer: when the streamer is made, and after every configure(),
-    so that a change takes effect at once, not when the hooks are next installed."""
+    and the device budget reach the offloader and the streamer: when the streamer is made,
+    and after every configure(), so that a change takes effect at once, not when the hooks
+    are next installed."""
     conf = get_config()
     lookahead = int(conf.get("predict_lookahead", 1 << 30))
     if _offloader is not None:
