@@ -3,7 +3,7 @@
     python -m bench.plot [RESULT.json ...]
 
 Without arguments: the newest JSON file of each benchmark (step_time, oversubscribe,
-residency-train, residency-infer, residency-ddp) in bench/results/.
+residency-train, residency-infer, residency-generate, residency-ddp) in bench/results/.
 Needs matplotlib (``pip install -e '.[bench]'``).
 """
 
@@ -157,6 +157,7 @@ PLOTTERS = {
     "oversubscribe": plot_oversubscribe,
     "residency-train": plot_residency,
     "residency-infer": plot_residency,
+    "residency-generate": plot_residency,
     "residency-ddp": plot_residency,
 }
 

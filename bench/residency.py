@@ -1,8 +1,10 @@
 """A model that does not fit under the device budget: GPT-2-style 1.28 B parameters, bf16,
-trained (``train``) or run forward (``infer``) by stock torch, by torch +um with the
-residency engine, and by the peers that fit the same budget by other means.
+trained (``train``), run forward (``infer``) or made to generate (``generate``) by stock
+torch, by torch +um with the residency engine, and by the peers that fit the same budget
+by other means.
 
-    python -m bench.residency {train,infer,ddp} --stock-pythonpath STOCK --um-pythonpath UM
+    python -m bench.residency {train,infer,generate,ddp} --stock-pythonpath STOCK
+        --um-pythonpath UM
         [--prev-pythonpath PREV] [--rounds 2] [--steps 10] [--warmup 2] [--budget SIZE]
         [--modes a,b,...] [--out DIR]
 
@@ -42,6 +44,13 @@ budget 8 GiB), modes:
   accelerate          stock torch, accelerate.dispatch_model(model, infer_auto_device_map(
                       model, max_memory={0: BUDGET, "cpu": "200GiB"},
                       no_split_module_classes=["GPT2Block"])), the model built on the CPU
+
+``generate`` (greedy ``model.generate()`` with a KV cache: a prompt of batch 4 x 128 and
+NEW_TOKENS = 32 new tokens, so one prefill forward and 31 one-token forwards a step, every
+one reading all the weights; default budget 2 GiB): the layer-by-layer inference a user
+runs past the budget most often. Modes stock, um, um-prev, um-predict and accelerate, as
+for ``infer``. The outputs compared with stock are the generated tokens; the table adds
+each mode's tokens per second (batch x NEW_TOKENS over the step's seconds).
 
 ``ddp`` (2 GPUs, e.g. the device kind nvidia-h200-x2; default budget 12 GiB per rank, so that
 both ranks' overflow fits the host's memory): the ``train`` workload under
@@ -87,6 +96,8 @@ the stock in-memory run's torch.cuda.max_memory_allocated() and ``over = max(0, 
            prediction step 12)
     infer: floor_s = max(stock_s, over / h2d)
            (over bytes come in once per forward)
+    generate: floor_s = max(stock_s, NEW_TOKENS * over / h2d)
+           (once per forward, NEW_TOKENS forwards a step)
 
 The analysis also keeps ``floor_full_duplex_s``, the train formula without its last term (the
 floor the records before step 12 give).
@@ -95,11 +106,12 @@ with ``stock_s`` the median seconds of the ``stock`` mode. Printed per mode: its
 seconds (median over rounds of the per-worker medians; null when it ran out of memory), its
 ratio to ``um-static``, to ``um-prev`` and to the floor, and its agreement with stock: the
 largest absolute difference of the per-step losses (train) or the relative difference of the
-logits checksum, float(logits.sum(dtype=float32)) of the fixed input (infer). Then, for train
-and infer, each mode's step over the peer's within each round (``per_peer_by_round``: the
-peer's own time varies between rounds, so a ratio of medians alone can mislead).
+logits checksum, float(logits.sum(dtype=float32)) of the fixed input (infer), or the largest
+share of generated tokens that differ from stock's, step by step (generate). Then, for every
+workload but ddp, each mode's step over the peer's within each round (``per_peer_by_round``:
+the peer's own time varies between rounds, so a ratio of medians alone can mislead).
 
-The record, ``<out>/residency-<train|infer>-<gpu>-<date>.json``: command, machine, the +um
+The record, ``<out>/residency-<workload>-<gpu>-<date>.json``: command, machine, the +um
 torch and engine, settings, ``summary`` = ``{"floor_s": ..., "modes": {<mode>: median seconds
 or null}}`` (every mode name of the workload; null also where a mode was not run or failed),
 ``analysis`` (the floor's inputs, the ratios, the agreement, OOMs and errors) and every sample.
@@ -166,6 +178,7 @@ MODES: dict[str, tuple[str, ...]] = {
         "um-predict-advice",
         "accelerate",
     ),
+    "generate": ("stock", "um", "um-prev", "um-predict", "accelerate"),
     "ddp": (
         "stock",
         "um-static",
@@ -190,7 +203,7 @@ UM_MODES = (
 )  # fmt: skip
 PREV = "um-prev"  # runs on --prev-pythonpath
 # The offload tool each workload is compared with (the issue's bar): /peer in the table.
-PEER = {"train": "fsdp2-offload-ckpt", "infer": "accelerate"}
+PEER = {"train": "fsdp2-offload-ckpt", "infer": "accelerate", "generate": "accelerate"}
 # The engine's settings per UM mode (um-nohooks: the residency policy driven by the
 # allocator's block events alone, without torch.cuda.um's module hooks).
 UM_CONF = {
@@ -204,9 +217,21 @@ UM_CONF = {
     "um-predict-advice": "policy:lru,hooks:True,predict:True,read_copies:True",
 }
 UM_CONF[SINGLE] = UM_CONF[PAIR] = UM_CONF["um-predict"]
-DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "ddp": "12GiB"}
-BATCH = {"train": (4, 1024), "infer": (8, 512), "ddp": (4, 1024)}
+DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "generate": "2GiB", "ddp": "12GiB"}
+BATCH = {"train": (4, 1024), "infer": (8, 512), "generate": (4, 128), "ddp": (4, 1024)}
 TRAINING = ("train", "ddp")  # workloads that train (losses, the full-duplex floor)
+NEW_TOKENS = 32  # generate: tokens a step adds to each prompt, one forward each
+FORWARDS = {"generate": NEW_TOKENS}  # forwards a step, each reading every weight (else 1)
+OUTPUTS = {"train": "losses", "ddp": "losses", "infer": "checksums", "generate": "tokens"}
+AGREEMENT = {
+    "losses": "max abs loss difference per step",
+    "checksums": "max relative difference of the logits checksum",
+    "tokens": "max share of generated tokens that differ, per step",
+}
+FORMULA = {  # the floor's formula as printed (training's otherwise)
+    "infer": "max(stock_s, over / h2d)",
+    "generate": f"max(stock_s, {NEW_TOKENS} * over / h2d)",
+}
 WORLD = 2  # ddp: ranks, one GPU each
 LINK = "link"  # the pinned-copy worker
 LINK_BYTES = GiB
@@ -248,7 +273,7 @@ def floor_seconds(
     link = min(h2d, d2h) if workload in TRAINING else h2d
     if link <= 0:
         return None
-    floor = max(stock_s, over / link)
+    floor = max(stock_s, FORWARDS.get(workload, 1) * over / link)
     if workload in TRAINING and both:
         floor = max(floor, 2 * over / both)
     return floor
@@ -268,16 +293,29 @@ def mode_seconds(samples: list[dict[str, Any]], mode: str) -> float | None:
 def agreement(workload: str, ref: dict[str, Any] | None, sample: dict[str, Any]) -> float | None:
     """How far a sample's outputs are from the stock reference: train, the largest absolute
     difference of the per-step losses; infer, the largest relative difference of the logits
-    checksums (step by step)."""
+    checksums; generate, the largest share of generated tokens that differ (all step by
+    step)."""
     if ref is None or not _ok(sample):
         return None
-    key = "losses" if workload in TRAINING else "checksums"
+    key = OUTPUTS[workload]
     pairs = list(zip(ref[key], sample[key], strict=False))
     if not pairs:
         return None
     if workload in TRAINING:
         return float(max(abs(a - b) for a, b in pairs))
+    if key == "tokens":
+        return max(differing_share(a, b) for a, b in pairs)
     return float(max(abs(b - a) / abs(a) if a else abs(b - a) for a, b in pairs))
+
+
+def differing_share(ref: list[int], got: list[int]) -> float:
+    """The share of positions at which two generations differ (a length that differs
+    counts its missing positions as differing)."""
+    n = max(len(ref), len(got))
+    if n == 0:
+        return 0.0
+    same = sum(1 for a, b in zip(ref, got, strict=False) if a == b)
+    return (n - same) / n
 
 
 def per_round(samples: list[dict[str, Any]], mode: str, ref: str) -> list[float] | None:
@@ -389,6 +427,9 @@ def summarize(
             else None,
             "per_floor": sec / floor if sec is not None and floor else None,
             "agreement": max(diffs) if diffs else None,
+            "tokens_per_s": BATCH[workload][0] * NEW_TOKENS / sec
+            if workload in FORWARDS and sec
+            else None,
             "runs": len(runs),
             "oom": sum(1 for s in runs if s.get("oom")),
             "errors": [s["error"] for s in runs if "error" in s],
@@ -404,14 +445,10 @@ def summarize(
             "h2d_bytes_per_s": h2d or None,
             "d2h_bytes_per_s": d2h or None,
             "both_bytes_per_s": both,
-            "formula": "max(stock_s, over / min(h2d, d2h), 2 * over / both)"
-            if workload in TRAINING
-            else "max(stock_s, over / h2d)",
+            "formula": FORMULA.get(workload, "max(stock_s, over / min(h2d, d2h), 2 * over / both)"),
             "floor_full_duplex_s": full_duplex,
         },
-        "agreement_metric": "max abs loss difference per step"
-        if workload in TRAINING
-        else "max relative difference of the logits checksum",
+        "agreement_metric": AGREEMENT[OUTPUTS[workload]],
         "modes": rows,
         "full_speed": full_speed(samples, floor),
         "link_errors": [s["error"] for s in samples if s["mode"] == LINK and "error" in s],
@@ -450,6 +487,13 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
             f"{cell(row['per_floor'], '9.2f')}"
             f"{cell(row['agreement'], '12.3g')}  {'; '.join(note)}"
         )
+    rates = [
+        f"{mode} {row['tokens_per_s']:.0f}"
+        for mode, row in analysis["modes"].items()
+        if row.get("tokens_per_s")
+    ]
+    if rates:
+        lines.append("tokens/s: " + "; ".join(rates))
     for key, label in (
         ("per_peer_by_round", "/peer round by round"),
         ("ranks_per_single", f"each rank / {SINGLE} (bar: at most 1.2)"),
@@ -548,6 +592,10 @@ def _build_model(torch: Any, workload: str) -> Any:
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         use_cache=False,
+        # GPT-2's own ids (50256) lie past this vocabulary. With no end-of-text token,
+        # every generation (``generate``) runs its NEW_TOKENS: all modes do the same work.
+        bos_token_id=None,
+        eos_token_id=None,
     )
     # Initialising 1.28 B parameters on the CPU takes about a minute: the first worker
     # of a run saves the weights, the others map them (same bytes in every mode).
@@ -762,7 +810,7 @@ def _run(
         model = ddp.DistributedDataParallel(model, device_ids=[rank], gradient_as_bucket_view=True)
     ids = ids_cpu.to("cuda")
     values: list[float] = []
-    clock = _StepClock(host=workload not in TRAINING)
+    clock = _StepClock(host=workload == "infer")
     if workload in TRAINING:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         # --phases: the device is synchronised after the forward and after the backward
@@ -793,6 +841,24 @@ def _run(
             values.append(float(loss.detach().float()))
         if mark:
             info["phases"] = mark.steps
+    elif workload == "generate":
+        prompt = ids.shape[1]
+        mask = torch.ones_like(ids)
+        with torch.inference_mode():
+            for i in range(warmup + steps):
+                torch.cuda.synchronize()
+                if i == warmup:
+                    before = engine_counters(um)
+                clock.start()
+                # No end-of-text token (_build_model): every step adds NEW_TOKENS.
+                out = model.generate(
+                    ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                    use_cache=True, pad_token_id=0,
+                )  # fmt: skip
+                torch.cuda.synchronize()
+                clock.stop()
+                values.append(out[:, prompt:].flatten().tolist())
+                del out
     else:
         with torch.inference_mode():
             for i in range(warmup + steps):
@@ -819,7 +885,7 @@ def _run(
         max_allocated_bytes=int(torch.cuda.max_memory_allocated()),
         max_reserved_bytes=int(torch.cuda.max_memory_reserved()),
     )
-    info["losses" if workload in TRAINING else "checksums"] = values
+    info[OUTPUTS[workload]] = values
     if um is not None and steps > 0:
         # The engine's counters over the timed steps alone (the totals below include the
         # warm-up steps, where a run settles): per step, what a steady step moves.
@@ -1005,7 +1071,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per worker")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
-    ap.add_argument("--budget", default=None, help="device budget (train 8GiB, infer 2GiB)")
+    ap.add_argument(
+        "--budget",
+        default=None,
+        help="device budget (train 8GiB, infer and generate 2GiB, ddp 12GiB)",
+    )
     ap.add_argument("--timeout", type=int, default=600, help="seconds per worker")
     ap.add_argument(
         "--phases",

@@ -5,7 +5,7 @@
 #
 #   bash bench/run_on_device.sh                          # both, default settings
 #   bash bench/run_on_device.sh step_time --rounds 2     # one, with its options
-#   bash bench/run_on_device.sh residency train --rounds 1   # residency: train or infer
+#   bash bench/run_on_device.sh residency train --rounds 1   # residency: train, infer, generate or ddp
 #   bash bench/run_on_device.sh host_memory --scenarios listing1   # peak host memory (issue 9)
 #   PREV_BUNDLE=.device/prev bash bench/run_on_device.sh residency train
 #       # adds mode um-prev (residency, oversubscribe): the engine of an earlier
@@ -50,7 +50,7 @@ run() {
     *) echo "bench/run_on_device.sh: unknown benchmark '$bench' (step_time, oversubscribe, residency, host_memory)" >&2; exit 2 ;;
   esac
   local log=$bench
-  # residency takes its workload (train or infer) first: one log each.
+  # residency takes its workload (train, infer, generate, ddp) first: one log each.
   if [ "$bench" = residency ] && [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then log="$bench-$1"; fi
   # host_memory: one log per --scenarios selection.
   if [ "$bench" = host_memory ]; then

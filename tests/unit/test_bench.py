@@ -147,6 +147,55 @@ def test_residency_floor_infer_counts_host_to_device_once() -> None:
     assert floor == pytest.approx(3 * GIB / 50e9)
 
 
+def test_residency_floor_generate_counts_every_forward() -> None:
+    # 0.5 GiB past the budget comes in for each of the step's NEW_TOKENS forwards
+    n = residency.NEW_TOKENS
+    floor = residency.floor_seconds("generate", 0.01, 2.5 * GIB, 2 * GIB, 50e9, 10e9)
+    assert floor == pytest.approx(n * GIB / 2 / 50e9)
+    # the in-memory generation bounds it where the link would be faster
+    assert residency.floor_seconds("generate", 5.0, 2.5 * GIB, 2 * GIB, 50e9, 10e9) == 5.0
+
+
+def test_residency_generate_agreement_is_the_share_of_tokens_that_differ() -> None:
+    ref = {"mode": "stock", "tokens": [[1, 2, 3, 4], [1, 2, 3, 4]]}
+    same = {"mode": "um", "tokens": [[1, 2, 3, 4], [1, 2, 3, 4]]}
+    one_off = {"mode": "um", "tokens": [[1, 2, 3, 4], [1, 2, 9, 4]]}
+    short = {"mode": "um", "tokens": [[1, 2], [1, 2, 3, 4]]}
+    assert residency.agreement("generate", ref, same) == 0.0
+    assert residency.agreement("generate", ref, one_off) == pytest.approx(0.25)
+    assert residency.agreement("generate", ref, short) == pytest.approx(0.5)
+    assert residency.differing_share([], []) == 0.0
+
+
+def test_residency_summary_generate_has_tokens_per_second_and_its_floor() -> None:
+    tokens = {"tokens": [[5] * 8]}
+    samples = [
+        _link(50e9, 40e9),
+        _res("stock", 0.4, max_allocated_bytes=3 * GIB, **tokens),
+        _res("um-predict", 0.8, tokens=[[5] * 7 + [6]]),
+        _res("accelerate", 3.2, **tokens),
+    ]
+    summary, analysis = residency.summarize("generate", samples, 2 * GIB)
+    assert list(summary["modes"]) == list(residency.MODES["generate"])
+    floor = residency.NEW_TOKENS * GIB / 50e9
+    assert summary["floor_s"] == pytest.approx(floor)
+    rows = analysis["modes"]
+    batch = residency.BATCH["generate"][0]
+    assert rows["um-predict"]["tokens_per_s"] == pytest.approx(batch * residency.NEW_TOKENS / 0.8)
+    assert rows["um-predict"]["per_peer"] == pytest.approx(0.25)
+    assert rows["um-predict"]["agreement"] == pytest.approx(1 / 8)
+    assert rows["um"]["tokens_per_s"] is None  # not run
+    assert analysis["agreement_metric"].startswith("max share of generated tokens")
+    text = residency.table("generate", summary, analysis)
+    assert f"max(stock_s, {residency.NEW_TOKENS} * over / h2d)" in text
+    per_step = batch * residency.NEW_TOKENS
+    assert f"tokens/s: stock {per_step / 0.4:.0f}; um-predict {per_step / 0.8:.0f}" in text
+    # infer and train print no rate
+    stock = _res("stock", 0.4, max_allocated_bytes=3 * GIB, checksums=[1.0])
+    infer = residency.table("infer", *residency.summarize("infer", [samples[0], stock], 2 * GIB))
+    assert "tokens/s" not in infer
+
+
 def test_residency_agreement() -> None:
     ref = {"mode": "stock", "losses": [10.0, 9.0, 8.0], "checksums": [100.0, 100.0]}
     um = {"mode": "um", "losses": [10.0, 9.25, 7.5], "checksums": [101.0, 99.0]}
