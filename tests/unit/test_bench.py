@@ -150,10 +150,10 @@ def test_residency_floor_infer_counts_host_to_device_once() -> None:
 def test_residency_floor_generate_counts_every_forward() -> None:
     # 0.5 GiB past the budget comes in for each of the step's NEW_TOKENS forwards
     n = residency.NEW_TOKENS
-    floor = residency.floor_seconds("generate", 0.01, 2.5 * GIB, 2 * GIB, 50e9, 10e9)
+    floor = residency.floor_seconds("generate", 0.01, 5 * GIB // 2, 2 * GIB, 50e9, 10e9)
     assert floor == pytest.approx(n * GIB / 2 / 50e9)
     # the in-memory generation bounds it where the link would be faster
-    assert residency.floor_seconds("generate", 5.0, 2.5 * GIB, 2 * GIB, 50e9, 10e9) == 5.0
+    assert residency.floor_seconds("generate", 5.0, 5 * GIB // 2, 2 * GIB, 50e9, 10e9) == 5.0
 
 
 def test_residency_generate_agreement_is_the_share_of_tokens_that_differ() -> None:
