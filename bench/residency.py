@@ -749,6 +749,28 @@ class _PhaseClock:
         self.t, self.c = t, c
 
 
+def _inference_step(torch: Any, model: Any, ids: Any, workload: str, clock: _StepClock) -> Any:
+    """One timed inference step, from a started ``clock`` to its stop: a forward (infer:
+    returns the logits checksum) or a greedy generate() (returns its new tokens)."""
+    if workload == "generate":
+        # No end-of-text token (_build_model): every step adds NEW_TOKENS.
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+            do_sample=False, use_cache=True, pad_token_id=0,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        clock.stop()
+        return out[:, ids.shape[1] :].flatten().tolist()
+    logits = model(ids).logits
+    clock.host_done()  # close to the step's time when the host bounds it
+    torch.cuda.synchronize()
+    clock.stop()
+    # Summed in float32 without a float32 copy of the logits: that copy (0.8 GB here)
+    # stayed in the allocator's cache and, under a 2 GiB budget, made the engine discard
+    # and place part of it again every forward (step 21).
+    return float(logits.sum(dtype=torch.float32))
+
+
 def _run(
     torch: Any,
     mode: str,
@@ -841,24 +863,6 @@ def _run(
             values.append(float(loss.detach().float()))
         if mark:
             info["phases"] = mark.steps
-    elif workload == "generate":
-        prompt = ids.shape[1]
-        mask = torch.ones_like(ids)
-        with torch.inference_mode():
-            for i in range(warmup + steps):
-                torch.cuda.synchronize()
-                if i == warmup:
-                    before = engine_counters(um)
-                clock.start()
-                # No end-of-text token (_build_model): every step adds NEW_TOKENS.
-                out = model.generate(
-                    ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
-                    use_cache=True, pad_token_id=0,
-                )  # fmt: skip
-                torch.cuda.synchronize()
-                clock.stop()
-                values.append(out[:, prompt:].flatten().tolist())
-                del out
     else:
         with torch.inference_mode():
             for i in range(warmup + steps):
@@ -866,15 +870,7 @@ def _run(
                 if i == warmup:
                     before = engine_counters(um)
                 clock.start()
-                logits = model(ids).logits
-                clock.host_done()  # close to the step's time when the host bounds it
-                torch.cuda.synchronize()
-                clock.stop()
-                # Summed in float32 without a float32 copy of the logits: that copy (0.8 GB
-                # here) stayed in the allocator's cache and, under a 2 GiB budget, made the
-                # engine discard and place part of it again every forward (step 21).
-                values.append(float(logits.sum(dtype=torch.float32)))
-                del logits
+                values.append(_inference_step(torch, model, ids, workload, clock))
     times = clock.times
     info["cpu"] = clock.cpu
     info["warmup"] = warmup
