@@ -24,9 +24,11 @@ warms up, then prints JSON lines:
 - with ``--profile``, cProfile's 40 heaviest functions over two forwards, by own time;
 - with ``--alternate-copies A,B`` (``um``), the weight streamer's copies alternate forward
   by forward (A B B A ...) between two routes: ``lean`` (its lean copy kernel, Note [Lean
-  copies]), ``lean-gil`` (the same, launched without letting the GIL go) and ``green``
-  (foreach on a green context); ``routes`` names each forward's. Both routes are measured
-  in one process, so in the same CPU state (bench/README.md step 29).
+  copies]), ``lean-gil`` (the same, launched without letting the GIL go), ``lean-split``
+  (the same, in launches of at most ``--split-mib``: does a launch that ends sooner free
+  the SMs the forward's GEMMs wait for? step 30) and ``green`` (foreach on a green
+  context); ``routes`` names each forward's. Both routes are measured in one process, so
+  in the same CPU state (bench/README.md step 29).
 """
 
 from __future__ import annotations
@@ -99,14 +101,16 @@ def _thread_usage() -> tuple[float, int, int]:
     return time.thread_time(), r.ru_nvcsw, r.ru_nivcsw
 
 
-ROUTES = ("lean", "lean-gil", "green")
+ROUTES = ("lean", "lean-gil", "lean-split", "green")
 
 
-def _route_switch(torch: Any, um: Any) -> Callable[[str], str]:
+def _route_switch(torch: Any, um: Any, split: int) -> Callable[[str], str]:
     """A function that sets the weight streamer's copy route for the next forward, and
     returns its name: ``lean``, the lean kernel (Note [Lean copies]) launched through
-    ``ctypes.CDLL``, which lets the GIL go for each launch; ``lean-gil``, the same through
-    ``ctypes.PyDLL``, which keeps it; ``green``, foreach on a green context."""
+    ``ctypes.CDLL``, which lets the GIL go for each launch, a parameter a launch;
+    ``lean-gil``, the same through ``ctypes.PyDLL``, which keeps it; ``lean-split``, as
+    ``lean`` in launches of at most ``split`` bytes; ``green``, foreach on a green
+    context."""
     import ctypes
 
     from torch.cuda import _um_copy
@@ -118,12 +122,14 @@ def _route_switch(torch: Any, um: Any) -> Callable[[str], str]:
     launches = {"lean": lean._launch, "lean-gil": ctypes.PyDLL("libcuda.so.1").cuLaunchKernel}
     launches["lean-gil"].restype = lean._launch.restype
     launches["lean-gil"].argtypes = lean._launch.argtypes
+    launches["lean-split"] = lean._launch
 
     def use(route: str) -> str:
         if route in launches:
             _um_copy.failures.pop(device, None)
             _um_copy._copiers[device] = lean
             lean._launch = launches[route]
+            _um_copy.LAUNCH_BYTES = split if route == "lean-split" else 0
         else:
             _um_copy._copiers.pop(device, None)
             _um_copy.failures[device] = "hooks_probe --alternate-copies"
@@ -147,10 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="A,B",
         help=f"alternate the weight copies between two routes of {', '.join(ROUTES)} (um)",
     )
+    ap.add_argument(
+        "--split-mib", type=float, default=4.0, help="lean-split: MiB a launch copies at most"
+    )
     a = ap.parse_args(argv)
     pair = a.alternate_copies.split(",") if a.alternate_copies else []
     if pair and (len(pair) != 2 or not set(pair) <= set(ROUTES)):
         raise SystemExit(f"--alternate-copies takes two of {', '.join(ROUTES)}, got {pair}")
+    if a.split_mib * (1 << 20) < 16:
+        raise SystemExit(f"--split-mib must be at least 16 bytes' worth, got {a.split_mib}")
     import torch
     from torch.nn.modules import module as nn_module
 
@@ -168,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(a.warmup):
         forward()
     routes: list[str] = []
-    use_route = _route_switch(torch, um) if pair and um is not None else None
+    split = int(a.split_mib * (1 << 20))
+    use_route = _route_switch(torch, um, split) if pair and um is not None else None
     host, wall, changes = [], [], []
     cpu_s, switches, cpus, canary = [], [], [], []
     threads0, loop0 = _threads_cpu(), time.perf_counter()
@@ -205,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "affinity": sorted(os.sched_getaffinity(0)),
         "canary_s": canary,  # the same pure-Python work before each forward
         "routes": routes,  # with --alternate-copies: each forward's copy route
+        "split_bytes": split if "lean-split" in pair else None,  # lean-split's launches
         # each thread's CPU seconds over the loop's seconds (1.0: a whole CPU), nonzero
         "thread_busy": {k: v for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v},
     }

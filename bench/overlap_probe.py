@@ -28,7 +28,9 @@ in device memory (no engine), what each route does to the forward's time:
 - ``leanN-managed``: a copy kernel of our own (NVRTC, ``torch.cuda._compile_kernel``) of
   N blocks of 1024 threads, each thread with eight 16-byte loads in flight: can a few
   SMs, each with far more reads in flight than foreach's blocks keep, carry the link
-  alone and leave the rest to the forward (step 29)?
+  alone and leave the rest to the forward (step 29)? ``leanNpM-managed``: the same in
+  launches of at most M MiB (``--lean-launch-mib``), so that each launch's blocks free
+  their SMs sooner (step 30);
 - ``stagedN-managed``: copies by the host: a worker thread has N threads copy each piece
   from the managed memory's host pages into one of four page-locked slots (torch's CPU
   copy, a share each), then queues the slot's DMA into the ring on the side stream. No
@@ -191,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--lean-blocks", default="4,8,16", help="block counts of the lean routes")
     ap.add_argument(
+        "--lean-launch-mib",
+        default="",
+        help="also each lean route in launches of at most these MiB, e.g. 4,1 (leanNpM)",
+    )
+    ap.add_argument(
         "--green-sms", default="8,16,32", help="SM counts of the green-context routes ('' none)"
     )
     args = ap.parse_args(argv)
@@ -230,12 +237,18 @@ def main(argv: list[str] | None = None) -> int:
         routes += [f"green{n}-managed", f"green{n}-pinned"]
     lean: dict[str, Any] = {}
     blocks_of = [int(x) for x in args.lean_blocks.split(",") if x.strip()]
+    launch_mib = [float(x) for x in args.lean_launch_mib.split(",") if x.strip()]
+    if any(m * (1 << 20) < 16 for m in launch_mib):
+        raise SystemExit(f"--lean-launch-mib {args.lean_launch_mib}: at least 16 bytes a launch")
     if blocks_of:
         lean["kernel"] = torch.cuda._compile_kernel(LEAN_SOURCE, "lean_copy")
         for b in blocks_of:
-            streams[f"lean{b}"] = side
-            lean[f"lean{b}"] = b
-            routes.append(f"lean{b}-managed")
+            for m in [None, *launch_mib]:
+                name = f"lean{b}" if m is None else f"lean{b}p{m:g}"
+                streams[name] = side
+                # (blocks, bytes a launch): a whole piece, or M MiB in 16-byte words
+                lean[name] = (b, CHUNK if m is None else int(m * (1 << 20)) // 16 * 16)
+                routes.append(f"{name}-managed")
     threads_of = {
         f"staged{t}": int(t) for t in (x.strip() for x in args.staged_threads.split(",")) if t
     }
@@ -285,13 +298,16 @@ def main(argv: list[str] | None = None) -> int:
                 staged.put(some)
                 return
             if how.startswith("lean"):
+                blocks, step = lean[how]
                 for s, r, n in some:
-                    lean["kernel"](
-                        grid=(lean[how], 1, 1),
-                        block=(1024, 1, 1),
-                        args=[ring[r : r + n], src[s : s + n], n // 16],
-                        stream=stream,
-                    )
+                    for a in range(0, n, step):
+                        m = min(step, n - a)
+                        lean["kernel"](
+                            grid=(blocks, 1, 1),
+                            block=(1024, 1, 1),
+                            args=[ring[r + a : r + a + m], src[s + a : s + a + m], m // 16],
+                            stream=stream,
+                        )
                 return
             with torch.cuda.stream(stream):
                 for s, r, n in some:

@@ -523,6 +523,63 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     assert got["init"] is False
 
 
+LEAN_PIECES_PROBE = r"""
+import ctypes, json, torch
+from torch.cuda import _um_copy
+
+# No GPU here: the copier's launch is a recorder with cuLaunchKernel's arguments.
+calls, fail_at = [], [None]
+def record(func, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+    d = ctypes.c_void_p.from_address(params[0]).value
+    s = ctypes.c_void_p.from_address(params[1]).value
+    n = ctypes.c_ulonglong.from_address(params[2]).value
+    calls.append([d, s, n, gx, bx, stream])
+    return 700 if len(calls) == fail_at[0] else 0
+
+lean = object.__new__(_um_copy.LeanCopier)
+lean._func, lean._launch = ctypes.c_void_p(1), record
+src = torch.empty(1000003, dtype=torch.uint8)
+dst = torch.empty(1000003, dtype=torch.uint8)
+out = {"src": src.data_ptr(), "dst": dst.data_ptr(), "default": _um_copy.LAUNCH_BYTES}
+for most in (0, 1 << 18, 100):
+    _um_copy.LAUNCH_BYTES = most
+    calls.clear()
+    out[str(most)] = [lean.copy(dst, src, 5, 2), [list(c) for c in calls]]
+_um_copy.LAUNCH_BYTES, fail_at[0] = 1 << 18, 3
+calls.clear()
+try:
+    lean.copy(dst, src, 5, 2)
+except RuntimeError as e:
+    out["failed"] = [str(e), len(calls)]
+out["init"] = torch.cuda.is_initialized()
+print(json.dumps(out))
+"""
+
+
+def test_lean_copy_launches_cover_the_copy_in_pieces(um: tuple[UmPath, Path]) -> None:
+    """Note [Lean copies]: a copy goes in one launch by default, or in launches of at most
+    LAUNCH_BYTES (rounded down to 16 bytes) that cover it exactly, in order, each on the
+    copier's blocks and the stream given; a launch that fails raises, naming its
+    CUresult, after the launches before it."""
+    _, venv = um
+    got = probe(venv, LEAN_PIECES_PROBE)
+    assert got["default"] == 0
+    for most, step in (("0", 1000003), (str(1 << 18), 1 << 18), ("100", 96)):
+        copied, calls = got[most]
+        assert copied is True
+        assert len(calls) == -(-1000003 // step), most
+        at = 0
+        for d, s, n, blocks, threads, stream in calls:
+            assert (d, s) == (got["dst"] + at, got["src"] + at), (most, at)
+            assert n == min(step, 1000003 - at)
+            assert (blocks, threads, stream) == (2, 1024, 5)
+            at += n
+        assert at == 1000003
+    message, launched = got["failed"]
+    assert "CUresult 700" in message and launched == 3
+    assert got["init"] is False
+
+
 HOOK_SETTINGS_PROBE = r"""
 import json, torch
 import torch.cuda.um as um

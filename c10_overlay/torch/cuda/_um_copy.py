@@ -22,12 +22,23 @@ it is, foreach stays the default.
 
 It is compiled at run time by NVRTC (``torch.cuda._compile_kernel``), once per device at
 the first streamed copy, and launched with ``cuLaunchKernel`` through ctypes, one launch
-per parameter. Where it cannot be had (a torch without ``_compile_kernel``, no NVRTC, a
-failed launch), ``copier()`` returns None, ``failures`` says why, and the streamer's
-copies go back to ``torch._foreach_copy_`` (on a green context's few SMs where those
-exist). A launch that fails has queued nothing: it raises, the streamer drops the copier
-with a warning and copies that parameter, and all after it, the old way. No copy is
-ever left undone.
+per parameter, or one per LAUNCH_BYTES of it where that is set. Where it cannot be had (a
+torch without ``_compile_kernel``, no NVRTC, a failed launch), ``copier()`` returns None,
+``failures`` says why, and the streamer's copies go back to ``torch._foreach_copy_`` (on a
+green context's few SMs where those exist). A launch that fails queues nothing but
+raises; the streamer drops the copier with a warning and copies that parameter whole, and
+all after it, the old way, on the same stream, after any part of it already queued. No
+copy is ever left undone.
+
+Why LAUNCH_BYTES (a probe's setting, 0 by default: one launch a parameter, as measured).
+A launch's two blocks hold their SMs until its last byte crosses the link: 0.6 ms for a
+32 MiB parameter. A GEMM that puts one block on every SM cannot finish before its blocks
+on those two SMs have run, so it may wait that long. That would explain why two blocks
+still cost the forward 5-6 ms, and why more blocks cost more, while foreach's short
+blocks on 16 SMs cost less than 16 lean blocks (step 29). Launches of a few MiB would
+free the SMs every 0.1 ms or so, at the price of more launches. This is not measured
+yet: ``bench.overlap_probe --lean-launch-mib`` and ``bench.hooks_probe
+--alternate-copies lean,lean-split`` test it (bench/README.md, step 30).
 
 Only a contiguous parameter is copied as bytes; a strided one is left to foreach. The
 kernel copies 16-byte words where source and destination share their alignment modulo
@@ -47,6 +58,7 @@ import torch
 
 THREADS = 1024  # a block's threads: 8 loads of 16 bytes in flight each
 BLOCKS = 2  # predict_copy_sms:auto with predict_copy_kernel:lean (Note [Lean copies])
+LAUNCH_BYTES = 0  # bytes one launch copies at most; 0: a whole parameter (Note [Lean copies])
 
 SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(1024, 1)
@@ -104,22 +116,33 @@ class LeanCopier:
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int, blocks: int) -> bool:
         """Queue a copy of ``src``'s bytes over ``dst``'s on the stream handle ``stream``,
-        on ``blocks`` SMs. False, with nothing queued, where this kernel does not apply
-        (either tensor strided, sizes that differ); RuntimeError, with nothing queued,
-        where the launch failed."""
+        on ``blocks`` SMs, in launches of at most LAUNCH_BYTES. False, with nothing
+        queued, where this kernel does not apply (either tensor strided, sizes that
+        differ); RuntimeError where a launch failed (the launches before it stay queued)."""
         n = src.nbytes
         if n == 0 or dst.nbytes != n or not (src.is_contiguous() and dst.is_contiguous()):
             return False
-        d = ctypes.c_void_p(dst.data_ptr())
-        s = ctypes.c_void_p(src.data_ptr())
-        size = ctypes.c_ulonglong(n)
+        d0, s0 = dst.data_ptr(), src.data_ptr()
+        for at, size in pieces(n, LAUNCH_BYTES):
+            self._launch_one(d0 + at, s0 + at, size, stream, blocks)
+        return True
+
+    def _launch_one(self, dst: int, src: int, n: int, stream: int, blocks: int) -> None:
+        d, s, size = ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_ulonglong(n)
         params = (ctypes.c_void_p * 3)(
             ctypes.addressof(d), ctypes.addressof(s), ctypes.addressof(size)
         )
         err = self._launch(self._func, blocks, 1, 1, THREADS, 1, 1, 0, stream, params, None)
         if err != 0:
             raise RuntimeError(f"cuLaunchKernel of the lean copy failed (CUresult {err})")
-        return True
+
+
+def pieces(n: int, most: int) -> list[tuple[int, int]]:
+    """(offset, bytes) of the launches that copy ``n`` bytes, each at most ``most`` (0: one
+    launch). Offsets are multiples of 16, so each piece keeps the whole copy's alignment
+    of source against destination modulo 16, and with it the kernel's 16-byte words."""
+    step = n if most <= 0 else max(16, most // 16 * 16)
+    return [(at, min(step, n - at)) for at in range(0, n, step)]
 
 
 def copier(device: int) -> LeanCopier | None:
