@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -84,6 +84,17 @@ def cpu_canary() -> float:
     for i in range(20000):
         x += i * i % 7
     return time.perf_counter() - t
+
+
+FULL_SPEED = 1.25  # ran at full CPU speed: a canary at most this times the fastest one seen
+
+
+def at_full_speed(pairs: Iterable[tuple[float, float]], fastest: float) -> list[float]:
+    """The times of ``(time, canary)`` pairs that ran at full CPU speed: their canary at
+    most FULL_SPEED times ``fastest``, the fastest canary of everything compared (a
+    machine whose CPU slows down slows a host-bound step with it, bench/README step 25)."""
+    limit = FULL_SPEED * fastest
+    return [t for t, c in pairs if c <= limit]
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -133,9 +133,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    FULL_SPEED,
     LEVELS,
     BenchError,
     GiB,
+    at_full_speed,
     cell,
     command_line,
     communicate_all,
@@ -346,9 +348,6 @@ def ranks_per_single(runs: list[dict[str, Any]], single_s: float) -> list[float]
     ]
 
 
-FULL_SPEED = 1.25  # a step counts as at full CPU speed below this times the run's fastest canary
-
-
 def full_speed(
     samples: list[dict[str, Any]], floor: float | None, warmup: int | None = None
 ) -> dict[str, Any] | None:
@@ -372,10 +371,10 @@ def full_speed(
         steps.setdefault(s["mode"], []).extend(pairs)
     if not steps:
         return None
-    limit = FULL_SPEED * min(c for pairs in steps.values() for _, c in pairs)
+    fastest = min(c for pairs in steps.values() for _, c in pairs)
     modes: dict[str, Any] = {}
     for mode, pairs in steps.items():
-        fast = [t for t, c in pairs if c <= limit]
+        fast = at_full_speed(pairs, fastest)
         sec = statistics.median(fast) if fast else None
         modes[mode] = {
             "seconds": sec,
@@ -383,7 +382,7 @@ def full_speed(
             "of_steps": len(pairs),
             "per_floor": sec / floor if sec is not None and floor else None,
         }
-    return {"canary_limit_s": limit, "modes": modes}
+    return {"canary_limit_s": FULL_SPEED * fastest, "modes": modes}
 
 
 def summarize(

@@ -147,6 +147,14 @@ def test_residency_floor_infer_counts_host_to_device_once() -> None:
     assert floor == pytest.approx(3 * GIB / 50e9)
 
 
+def test_at_full_speed_keeps_the_times_whose_canary_was_fast() -> None:
+    pairs = [(10.0, 1.0), (11.0, 1.25), (30.0, 1.26), (12.0, 2.0)]
+    assert common.at_full_speed(pairs, fastest=1.0) == [10.0, 11.0]
+    # the fastest canary of everything compared, not of these pairs alone
+    assert common.at_full_speed(pairs, fastest=0.5) == []
+    assert common.at_full_speed([], fastest=1.0) == []
+
+
 def test_residency_floor_generate_counts_every_forward() -> None:
     # 0.5 GiB past the budget comes in for each of the step's NEW_TOKENS forwards
     n = residency.NEW_TOKENS
