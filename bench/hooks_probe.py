@@ -28,7 +28,9 @@ warms up, then prints JSON lines:
   (the same, in launches of at most ``--split-mib``: does a launch that ends sooner free
   the SMs the forward's GEMMs wait for? step 30) and ``green`` (foreach on a green
   context); ``routes`` names each forward's. Both routes are measured in one process, so
-  in the same CPU state (bench/README.md step 29).
+  in the same CPU state (bench/README.md step 29). A second line then gives per route the
+  median wall, host and canary seconds, and how often the canary before the next forward
+  read slow (over FULL_SPEED times the fastest) after a forward of that route.
 """
 
 from __future__ import annotations
@@ -40,11 +42,19 @@ import json
 import os
 import pstats
 import resource
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import counter_change, cpu_canary, run_main, safe_cap, um_module
+from bench.common import (
+    FULL_SPEED,
+    counter_change,
+    cpu_canary,
+    run_main,
+    safe_cap,
+    um_module,
+)
 from bench.residency import (
     DEFAULT_BUDGET,
     UM_CONF,
@@ -140,6 +150,27 @@ def _route_switch(torch: Any, um: Any, split: int) -> Callable[[str], str]:
     return use
 
 
+def by_route(first: dict[str, Any], slow_canary: float) -> dict[str, dict[str, Any]]:
+    """Per copy route of an ``--alternate-copies`` run: the median wall, host and canary
+    seconds of its forwards, and how often the CPU canary read before the next forward
+    was slow (over ``slow_canary`` s) after a forward of this route (step 29 read 14 of
+    15 after lean, 10 of 16 after foreach)."""
+    routes, out = first["routes"], {}
+    for route in dict.fromkeys(routes):
+        idx = [i for i, r in enumerate(routes) if r == route]
+        after = [first["canary_s"][i + 1] for i in idx if i + 1 < len(routes)]
+        out[route] = {
+            "forwards": len(idx),
+            **{
+                f"{key}_median_s": statistics.median(first[f"{key}_s"][i] for i in idx)
+                for key in ("wall", "host", "canary")
+            },
+            "slow_canary_after": sum(c > slow_canary for c in after),
+            "of": len(after),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("stock", "um"), required=True)
@@ -226,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         first["reserved_bytes"] = torch.cuda.memory_reserved()
         first["allocated_bytes"] = torch.cuda.memory_allocated()
     print(json.dumps({**first, "free_at_start": free, "cap": cap if um else None}))
+    if routes:
+        slow = FULL_SPEED * min(canary)  # a canary above it: the CPU ran slow
+        print(json.dumps({"slow_canary_s": slow, "by_route": by_route(first, slow)}))
 
     spent: dict[str, float] = {}
     _timed_hooks(nn_module._global_forward_pre_hooks, "pre", spent)

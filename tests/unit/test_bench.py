@@ -155,6 +155,26 @@ def test_at_full_speed_keeps_the_times_whose_canary_was_fast() -> None:
     assert common.at_full_speed([], fastest=1.0) == []
 
 
+def test_hooks_probe_by_route_splits_the_forwards_and_the_canaries_after_them() -> None:
+    from bench import hooks_probe
+
+    first = {
+        "routes": ["lean", "green", "green", "lean", "lean"],
+        "wall_s": [0.040, 0.050, 0.052, 0.044, 0.042],
+        "host_s": [0.030, 0.031, 0.032, 0.033, 0.034],
+        "canary_s": [0.001, 0.002, 0.001, 0.001, 0.002],
+    }
+    got = hooks_probe.by_route(first, slow_canary=0.0015)
+    assert list(got) == ["lean", "green"]
+    assert got["lean"]["forwards"] == 3 and got["green"]["forwards"] == 2
+    assert got["lean"]["wall_median_s"] == pytest.approx(0.042)
+    assert got["green"]["host_median_s"] == pytest.approx(0.0315)
+    # after lean (forwards 0, 3): canaries 0.002 (slow) and 0.002 (slow); the last has none
+    assert (got["lean"]["slow_canary_after"], got["lean"]["of"]) == (2, 2)
+    # after green (forwards 1, 2): 0.001 and 0.001
+    assert (got["green"]["slow_canary_after"], got["green"]["of"]) == (0, 2)
+
+
 def test_residency_floor_generate_counts_every_forward() -> None:
     # 0.5 GiB past the budget comes in for each of the step's NEW_TOKENS forwards
     n = residency.NEW_TOKENS
