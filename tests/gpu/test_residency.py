@@ -633,16 +633,30 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
     assert (lean_copies > 0) == (copy_sms != 0 and lean), (lean_copies, _um_copy.failures)
 
 
-def test_lean_copy_kernel_copies_any_offset_and_size(torch_mod: Any, um: Any, limits: Limits) -> None:
+@pytest.mark.parametrize("launch_bytes", [0, 4112])
+def test_lean_copy_kernel_copies_any_offset_and_size(
+    torch_mod: Any, um: Any, limits: Limits, launch_bytes: int
+) -> None:
     """Note [Lean copies]: the kernel copies bytes exactly at every alignment of source
     and destination (16-byte words where they share it, bytes where not), every size
     around its word and unroll boundaries, and leaves the bytes around the destination
-    alone. (Sources in host RAM: the streaming test above.)"""
+    alone; in one launch, or in launches of at most LAUNCH_BYTES (4112: 257 words, so
+    pieces end off the unroll's boundaries). (Sources in host RAM: the streaming test
+    above.)"""
     from torch.cuda import _um_copy
 
     lean = _um_copy.copier(0)
     if lean is None:
         pytest.skip(f"no lean copy kernel here: {_um_copy.failures.get(0)}")
+    saved = _um_copy.LAUNCH_BYTES
+    _um_copy.LAUNCH_BYTES = launch_bytes
+    try:
+        _lean_copies_checked(lean, um)
+    finally:
+        _um_copy.LAUNCH_BYTES = saved
+
+
+def _lean_copies_checked(lean: Any, um: Any) -> None:
     release_cache(torch)
     um.configure(device_budget="90%")
     gen = torch.Generator(device="cuda").manual_seed(0)
