@@ -15,8 +15,13 @@ check 15 s), plus 1.5 minutes to make the local bases.
 With podman or buildah every image lives in a storage root of its own under
 build/container/test/storage, removed when the module ends (and at its start, if a killed run
 left one): the tests never touch the host's images, and repeated runs do not pile up
-gigabytes of vfs layers. They stop at once, saying so, when the disk holding that root has
-less than NEEDED_GIB free. With docker, the runtime image the test tagged is removed at the end.
+gigabytes of vfs layers. With docker, the runtime image the test tagged is removed at the end.
+
+Before anything is built, the disk holding that root must have NEEDED_GIB free. Asked for by
+name (UM_CONTAINER_TESTS=1, `make container-test`), the tests fail at once when it has not,
+saying so. With UM_CONTAINER_TESTS=auto (what `.ci/run` sets) they are skipped instead, with
+the same message as the reason: CI runs on whatever disk its machine has left, and a disk
+too small for the images is a fact about that machine, not about the change under test.
 """
 
 from __future__ import annotations
@@ -41,15 +46,21 @@ TORCH_VERSION = os.environ.get("TORCH_VERSION", "2.6.0")
 PYTHON = os.environ.get("PYTHON", "3.11")
 WORK = REPO / "build" / "container" / "test"
 STORE = WORK / "storage"
-# Peak disk use of the module with vfs storage, measured at 22 GB (`df` sampled every 3 s):
-# the runtime image (the wheel and ~3.5 GB of CUDA packages, about 6 GB unpacked) exists
-# three times at once (the build container, the committed layer, the smoke check's
-# container), plus bases, wheels and scratch.
+# Peak disk use of the module with vfs storage, measured at 22 GB (`df` sampled every 3 s),
+# and again on 2026-11-26 in a fresh clone under `.ci/run` on a cold cache: 21.2 GiB more in
+# use at the peak than when the module started. The runtime image (the wheel and ~3.5 GB of
+# CUDA packages, about 6 GB unpacked) exists three times at once (the build container, the
+# committed layer, the smoke check's container), plus bases, wheels, pip's cache and
+# scratch. The margin is for a disk that other processes fill meanwhile: a build that runs
+# out of disk half-way is a worse failure than one refused before it starts.
 NEEDED_GIB = 25
+# UM_CONTAINER_TESTS: "1" runs them (and fails when the disk is too small), "auto" runs
+# them where the disk has room and skips them, saying why, where it has not.
+MODE = os.environ.get("UM_CONTAINER_TESTS", "")
 RUNTIME_TEST_IMAGE = f"localhost/torch-um/runtime-test:{TORCH_VERSION}-py{PYTHON}"
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("UM_CONTAINER_TESTS") != "1",
+    MODE not in ("1", "auto"),
     reason="container builds take ~8 min: set UM_CONTAINER_TESTS=1 (make container-test)",
 )
 
@@ -90,15 +101,25 @@ def _drop_store(engine: str, env: dict[str, str]) -> None:
     shutil.rmtree(STORE)
 
 
-def _check_free_space() -> None:
-    probe = WORK
-    free_gib = shutil.disk_usage(probe).free / 2**30
-    if free_gib < NEEDED_GIB:
-        pytest.fail(
-            f"the container tests need about {NEEDED_GIB} GiB free on the disk holding "
-            f"{probe.relative_to(REPO)} (vfs image storage), found {free_gib:.1f} GiB: free "
-            "space there (old images: `buildah images`, `buildah rmi --prune`) and rerun"
-        )
+def _short_of_space(free_bytes: int) -> str | None:
+    """Why the disk is too small for the module's images, or None where it has room."""
+    free_gib = free_bytes / 2**30
+    if free_gib >= NEEDED_GIB:
+        return None
+    return (
+        f"the container tests need about {NEEDED_GIB} GiB free on the disk holding "
+        f"{WORK.relative_to(REPO)} (vfs image storage), found {free_gib:.1f} GiB: free "
+        "space there (old images: `buildah images`, `buildah rmi --prune`) and rerun"
+    )
+
+
+def _check_free_space(mode: str = MODE) -> None:
+    why = _short_of_space(shutil.disk_usage(WORK).free)
+    if why is None:
+        return
+    if mode == "auto":
+        pytest.skip(why)
+    pytest.fail(why)
 
 
 def _make(target: str, *assignments: str, env: dict[str, str]) -> str:
