@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,12 @@ import pytest
 from build_scripts import abi, matrix, pipeline, platform_tag
 from build_scripts.fsutil import sha256_file
 from build_scripts.paths import REPO_ROOT, cache_root
+from tests.integration import shared_dir
 
 PYTHON = "3.11"
 Build = Callable[[str], pipeline.BuildResult]
 Install = Callable[[pipeline.BuildResult], Path]
+Hold = Callable[[Path, Callable[[], bool], Callable[[], None]], None]  # held_dirs
 
 
 @pytest.fixture(scope="session")
@@ -41,24 +43,54 @@ def build_wheel() -> Build:
 
 
 @pytest.fixture(scope="session")
-def install_wheel() -> Install:
+def held_dirs() -> Iterator[Hold]:
+    """``hold(folder, ready, make)``: a cache folder this session uses, held against other
+    test runs until the session ends (Note [Shared test venvs], shared_dir.py)."""
+    fds: list[int] = []
+    held: set[Path] = set()
+
+    def hold(folder: Path, ready: Callable[[], bool], make: Callable[[], None]) -> None:
+        if folder in held:
+            # Changing it would wait for this session's own shared lock for ever.
+            assert ready(), f"{folder} is held by this session and needs changing: a bug"
+            return
+        fds.append(shared_dir.hold(folder, ready, make))
+        held.add(folder)
+
+    try:
+        yield hold
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.fixture(scope="session")
+def install_wheel(held_dirs: Hold) -> Install:
     """``install_wheel(built)``: a venv with the wheel and its dependencies (pip). Reused
     across runs, one per torch version (the dependencies are GBs of nvidia-* packages);
-    torch itself is reinstalled whenever the wheel changed."""
+    torch itself is reinstalled whenever the wheel changed, and never while another test
+    run uses the venv (Note [Shared test venvs])."""
 
     def install(built: pipeline.BuildResult) -> Path:
         version = built.wheel.name.split("-")[1].removesuffix("+um")
         root = cache_root() / "test-venv" / f"cp{PYTHON.replace('.', '')}-{version}"
         py = root / "bin" / "python"
-        if not py.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-        pip = [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
         marker = root / ".installed-wheel"
         digest = sha256_file(built.wheel)
-        if not marker.exists() or marker.read_text() != digest:
+
+        def ready() -> bool:
+            return py.exists() and marker.exists() and marker.read_text() == digest
+
+        def make() -> None:
+            if not py.exists():
+                subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+            pip = [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            marker.unlink(missing_ok=True)  # a half-done install is never taken as done
             subprocess.run([*pip, "--force-reinstall", "--no-deps", str(built.wheel)], check=True)
             subprocess.run([*pip, str(built.wheel)], check=True)  # dependencies
             marker.write_text(digest)
+
+        held_dirs(root, ready, make)
         return py
 
     return install

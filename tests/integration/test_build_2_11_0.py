@@ -28,6 +28,7 @@ from build_scripts.paths import REPO_ROOT, cache_root
 from ..unit.helpers import sha
 from .conftest import (
     Build,
+    Hold,
     Install,
     check_make_build,
     official_wheel_for,
@@ -184,26 +185,32 @@ __attribute__((constructor)) static void planted() {
 
 
 @pytest.fixture(scope="module")
-def stock_venv(venv: Path, official_wheel: Path) -> Path:
+def stock_venv(venv: Path, official_wheel: Path, held_dirs: Hold) -> Path:
     """Stock torch 2.11.0 (the official wheel) in a venv of its own that takes every other
     package from the +um venv (a .pth file; its nvidia/ folder linked where the official
-    libraries' RPATH expects it). Kept in the cache, remade when the wheel changes."""
+    libraries' RPATH expects it). Kept in the cache, remade when the wheel changes, never
+    while another test run uses it (Note [Shared test venvs], shared_dir.py)."""
     root = cache_root() / "test-venv" / "cp311-2.11.0-stock"
     py = root / "bin" / "python"
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = Path(
-        subprocess.check_output(
-            [str(py), "-c", "import site; print(site.getsitepackages()[0])"], text=True
-        ).strip()
-    )
-    um_site = Path(
-        subprocess.check_output(
-            [str(venv), "-c", "import site; print(site.getsitepackages()[0])"], text=True
-        ).strip()
-    )
     marker = root / ".installed-wheel"
-    if not marker.exists() or marker.read_text() != official_wheel.name:
+
+    def ready() -> bool:
+        return py.exists() and marker.exists() and marker.read_text() == official_wheel.name
+
+    def make() -> None:
+        if not py.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+        site = Path(
+            subprocess.check_output(
+                [str(py), "-c", "import site; print(site.getsitepackages()[0])"], text=True
+            ).strip()
+        )
+        um_site = Path(
+            subprocess.check_output(
+                [str(venv), "-c", "import site; print(site.getsitepackages()[0])"], text=True
+            ).strip()
+        )
+        marker.unlink(missing_ok=True)  # a half-done install is never taken as done
         shutil.rmtree(site / "torch", ignore_errors=True)
         pip = [str(venv), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
         pip += ["--no-deps", "--no-compile", "--upgrade", "--target", str(site)]
@@ -212,6 +219,8 @@ def stock_venv(venv: Path, official_wheel: Path) -> Path:
         if not (site / "nvidia").exists():
             (site / "nvidia").symlink_to(um_site / "nvidia")
         marker.write_text(official_wheel.name)
+
+    held_dirs(root, ready, make)
     return py
 
 
