@@ -894,6 +894,8 @@ def _run(
             raise BenchError(f"mode {mode}: no managed bytes after the run")
         info["um_stats"] = stats
         info["predict_stats"] = um.predict_stats() if hasattr(um, "predict_stats") else {}
+        if hasattr(um, "summary"):  # an earlier engine's (um-prev) may lack it
+            info["um_summary"] = um.summary()  # the same counters, read for a person
     if mode == "fsdp2-offload-ckpt" or dist is not None:
         importlib.import_module("torch.distributed").destroy_process_group()
     return info

@@ -168,6 +168,12 @@ lin = torch.nn.Linear(4, 4)
 out["module_to"] = [str(lin.to("cpu").weight.dtype), str(lin.to(torch.float64).weight.dtype),
                     torch.nn.Module.to.__doc__ is not None]
 um.reset_peak()
+out["summary"] = um.summary()
+try:
+    um.summary("cpu")
+    out["summary_cpu"] = None
+except ValueError as e:
+    out["summary_cpu"] = str(e)
 out["init_at_end"] = torch.cuda.is_initialized()
 print(json.dumps(out))
 """
@@ -302,6 +308,15 @@ def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     assert api["is_managed"] is False
     assert api["prefetch"] == 0 and api["advise"] == 0  # CPU tensors are skipped
     assert "unknown advice 'sideways'" in api["bad_advice"]
+
+
+def test_summary_without_a_gpu(api: dict[str, Any]) -> None:
+    text = api["summary"]
+    assert text.startswith("torch.cuda.um summary, device 0\n  engine       on; policy lru")
+    assert "not resolved yet: the device has not been used" in text
+    assert "nothing ran past a budget under it yet" in text
+    assert "notes" not in text  # no counter recorded anything
+    assert "a CUDA device is required here, not 'cpu'" in api["summary_cpu"]
 
 
 def test_managed_host_and_move_without_a_gpu(api: dict[str, Any]) -> None:

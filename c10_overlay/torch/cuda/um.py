@@ -80,6 +80,7 @@ __all__ = [
     "set_host_headroom",
     "set_max_managed",
     "stats",
+    "summary",
 ]
 
 #: ``device`` value meaning host RAM, for :func:`prefetch` and :func:`advise`.
@@ -1279,6 +1280,25 @@ def predict_stats() -> dict[str, int]:
     if _streamer is not None:
         out.update(_streamer.counters())
     return out
+
+
+def summary(device: DeviceLike = None) -> str:
+    """The engine's counters of ``device`` and of ``predict``, read for a person: where
+    the managed memory is, what crossed the link by which route, whether ``predict``
+    brought data back ahead of use, and a note for each counter that records something
+    to act on (an allocation refused by ``max_managed``, a forward that read every weight
+    in place, ...), naming that counter (Note [The summary says what the counters say],
+    torch/cuda/_um_report.py). ``print(torch.cuda.um.summary())``. Does not initialise
+    CUDA."""
+    from torch.cuda import _um_report
+
+    if _lib is None:
+        return "torch.cuda.um summary: this torch has no unified-memory engine"
+    index = _device_index(device, allow_host=False)
+    text: str = _um_report.summary_text(
+        index, stats(index), predict_stats(), get_config(), _hooks_installed
+    )
+    return text
 
 
 def _hooks_wanted() -> bool:

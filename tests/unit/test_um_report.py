@@ -1,0 +1,147 @@
+"""torch.cuda.um.summary()'s text (torch/cuda/_um_report.py, Note [The summary says what
+the counters say]) on synthetic counters: the sizes a person reads, each section from its
+counters, and a note exactly where a counter records something to act on."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def _load() -> ModuleType:
+    path = ROOT / "c10_overlay" / "torch" / "cuda" / "_um_report.py"
+    spec = importlib.util.spec_from_file_location("um_report_under_test", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+report = _load()
+
+
+def _summary(*args: object) -> str:
+    """The summary with its wrapped lines joined: what the assertions read."""
+    text: str = report.summary_text(*args)
+    assert all(len(line) <= report.WIDTH for line in text.splitlines()), text
+    return " ".join(text.split())
+
+
+CONFIG = {
+    "enabled": "True",
+    "max_managed": str(100 * GiB),
+    "device_budget": str(8 * GiB),
+    "host_headroom": str(4 * GiB),
+    "policy": "lru",
+    "hooks": "True",
+    "predict": "True",
+    "predict_lookahead": str(GiB),
+}
+
+
+def _engine(**over: int) -> dict[str, int]:
+    base = {
+        "um.enabled": 1,
+        "um.policy_lru": 1,
+        "um.device_budget_bytes": 8 * GiB,
+        "um.device_total_bytes": 140 * GiB,
+        "um.total_managed_bytes": 21 * GiB,
+        "um.peak_managed_bytes": 22 * GiB,
+        "um.managed_bytes": 21 * GiB,
+        "um.managed_segments": 120,
+        "um.device_placed_bytes": 8 * GiB,
+        "um.host_placed_bytes": 13 * GiB,
+        "um.evict_bytes": 40 * GiB,
+        "um.discard_bytes": 10 * GiB,
+    }
+    return {**base, **over}
+
+
+PREDICT = {
+    "predict.forwards": 4,
+    "predict.offloaded_bytes": 4 * 5 * GiB,
+    "predict.hits": 90,
+    "predict.late": 6,
+    "predict.misses": 4,
+    "predict.optimizer_steps": 4,
+    "predict.optimizer_staged_bytes": 4 * 5 * GiB,
+    "predict.stream_forwards": 0,
+}
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (512, "512 B"), (3 * MiB, "3.0 MiB"), (int(1.25 * GiB), "1.25 GiB")],
+)
+def test_sizes_read_as_a_person_reads_them(n: int, text: str) -> None:
+    assert report.size(n) == text
+
+
+def test_sections_come_from_their_counters() -> None:
+    text = _summary(0, _engine(), PREDICT, CONFIG, True)
+    assert text.startswith("torch.cuda.um summary, device 0 engine on;")
+    assert "on; policy lru; predict on; module hooks on" in text
+    assert "8.00 GiB of the device's 140.00 GiB (device_budget 8.00 GiB)" in text
+    assert "cap max_managed 100.00 GiB" in text
+    assert (
+        "21.00 GiB in 120 segments on this device: 8.00 GiB on the device, 13.00 GiB in host RAM"
+        in text
+    )
+    assert "evicted 40.00 GiB, discarded 10.00 GiB" in text
+    assert "4 forwards offloaded 5.00 GiB of saves each by copy" in text
+    assert "of 100 uses, 90 % found their bytes back, 6 % waited for them, 4 % copied" in text
+    assert "4 steps staged, 5.00 GiB of state each; 0 steps past the budget ran as usual" in text
+    assert "weights" not in text  # no forward without autograd ran under it
+    assert "notes" not in text  # nothing to act on
+
+
+def test_without_predict_counters_and_before_the_device_is_used() -> None:
+    engine = _engine(**{"um.device_budget_bytes": 0, "um.policy_lru": 0})
+    config = {**CONFIG, "predict": "False", "policy": "static", "device_budget": "90%"}
+    text = _summary(1, engine, {}, config, False)
+    assert "policy static; predict off; module hooks off (policy static)" in text
+    assert "not resolved yet: the device has not been used (device_budget 90%)" in text
+    assert "nothing ran past a budget under it yet" in text
+
+
+@pytest.mark.parametrize(
+    ("engine", "predict", "note"),
+    [
+        ({"um.cap_refusals": 3}, {}, "3 allocations were refused with OutOfMemoryError"),
+        ({"um.headroom_refusals": 2}, {}, "to keep host_headroom (4.00 GiB)"),
+        ({"um.executor_failures": 5}, {}, "(um.executor_failures)"),
+        ({"um.policy_lru": 0}, {}, "policy static moves nothing (um.host_placed_bytes)"),
+        ({}, {"predict.failures": 7}, "page-locked host memory was refused"),
+        ({}, {"predict.host_limited": 1}, "(predict.host_limited)"),
+        ({}, {"predict.lookahead_stops": 9}, "predict_lookahead 1.00 GiB"),
+        ({}, {"predict.optimizer_skipped": 2}, "(predict.optimizer_skipped;"),
+        ({}, {"predict.optimizer_touch_failures": 1}, "(predict.optimizer_touch_failures)"),
+        ({}, {"predict.stream_ring_failures": 4}, "for want of device memory for the ring"),
+        ({}, {"predict.stream_send_failures": 1}, "(predict.stream_send_failures)"),
+    ],
+)
+def test_a_note_exactly_where_its_counter_says(
+    engine: dict[str, int], predict: dict[str, int], note: str
+) -> None:
+    quiet = _summary(0, _engine(), PREDICT, CONFIG, True)
+    assert note not in quiet and "notes" not in quiet
+    text = _summary(0, _engine(**engine), {**PREDICT, **predict}, CONFIG, True)
+    notes = text.split(" notes - ", 1)[1].split(" - ")
+    assert len(notes) == 1 and note in notes[0], text
+
+
+def test_weights_streamed_per_forward() -> None:
+    predict = {"predict.stream_forwards": 10, "predict.stream_streamed_bytes": 10 * 3 * MiB}
+    predict.update({"predict.stream_records": 1, "predict.stream_departures": 0})
+    text = _summary(0, _engine(), predict, CONFIG, True)
+    assert "10 forwards without autograd read 3.0 MiB of parameters each by copy" in text
+    assert "1 orders of calls recorded, 0 forwards left theirs" in text
