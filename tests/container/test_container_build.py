@@ -13,9 +13,10 @@ the runtime image 160 s with its ~3.5 GB of pinned CUDA packages downloaded, the
 check 15 s), plus 1.5 minutes to make the local bases.
 
 With podman or buildah every image lives in a storage root of its own under
-build/container/test/storage, removed when the module ends (and at its start, if a killed run
-left one): the tests never touch the host's images, and repeated runs do not pile up
-gigabytes of vfs layers. With docker, the runtime image the test tagged is removed at the end.
+build/container/test/storage, and the engine's temporary files under build/container/test/tmp,
+both removed when the module ends (and at its start, if a killed run left them): the tests
+never touch the host's images, and repeated or killed runs do not pile up gigabytes of vfs
+layers. With docker, the runtime image the test tagged is removed at the end.
 
 Before anything is built, the disk holding that root must have NEEDED_GIB free. Asked for by
 name (UM_CONTAINER_TESTS=1, `make container-test`), the tests fail at once when it has not,
@@ -46,6 +47,10 @@ TORCH_VERSION = os.environ.get("TORCH_VERSION", "2.6.0")
 PYTHON = os.environ.get("PYTHON", "3.11")
 WORK = REPO / "build" / "container" / "test"
 STORE = WORK / "storage"
+# The engine's temporary files (layer blobs while an image is committed: gigabytes with
+# vfs), kept beside the store so that a killed run's are removed with it by the next run,
+# instead of piling up in /var/tmp and taking the disk the next run needs.
+TMP = WORK / "tmp"
 # Peak disk use of the module with vfs storage, measured at 22 GB (`df` sampled every 3 s),
 # and again on 2026-11-26 in a fresh clone under `.ci/run` on a cold cache: 21.2 GiB more in
 # use at the peak than when the module started. The runtime image (the wheel and ~3.5 GB of
@@ -88,17 +93,19 @@ def _env(engine: str) -> dict[str, str]:
     if engine in ("buildah", "podman"):
         flags = env.get("CONTAINER_FLAGS", "")
         env["CONTAINER_FLAGS"] = f"{flags} --root {STORE}/root --runroot {STORE}/run".strip()
+        env["TMPDIR"] = str(TMP)
     return env
 
 
 def _drop_store(engine: str, env: dict[str, str]) -> None:
-    """Remove the module's own storage root and everything in it."""
-    if not STORE.exists():
-        return
-    flags = env["CONTAINER_FLAGS"].split()
-    for args in (["rm", "--all"], ["rmi", "--all", "--force"]):
-        subprocess.run([engine, *flags, *args], capture_output=True)
-    shutil.rmtree(STORE)
+    """Remove the module's own storage root and everything in it, and the engine's
+    temporary files."""
+    if STORE.exists():
+        flags = env["CONTAINER_FLAGS"].split()
+        for args in (["rm", "--all"], ["rmi", "--all", "--force"]):
+            subprocess.run([engine, *flags, *args], capture_output=True)
+        shutil.rmtree(STORE)
+    shutil.rmtree(TMP, ignore_errors=True)
 
 
 def _short_of_space(free_bytes: int) -> str | None:
@@ -195,6 +202,7 @@ def engine_env() -> Iterator[tuple[str, dict[str, str]]]:
     isolated = engine in ("buildah", "podman")
     if isolated:
         _drop_store(engine, env)  # a killed earlier run's
+        TMP.mkdir(parents=True)
     _check_free_space()
     try:
         yield engine, env
@@ -225,7 +233,7 @@ def two_wheels(engine_env: tuple[str, dict[str, str]]) -> tuple[Path, Path]:
         assert len(found) == 1, f"expected one wheel in {dest}, found {found}"
         wheels.append(found[0])
         if engine in ("buildah", "podman"):  # drop the fresh build cache (only ours)
-            tmp = Path(os.environ.get("TMPDIR", "/var/tmp"))
+            tmp = Path(env.get("TMPDIR", "/var/tmp"))
             for parent in ("buildah-cache", f"buildah-cache-{os.getuid()}"):
                 shutil.rmtree(
                     tmp / parent / f"torch-um-cache-test-{run}-{name}", ignore_errors=True
