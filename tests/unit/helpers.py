@@ -4,12 +4,15 @@ C++ test programs."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 
 import pytest
@@ -17,6 +20,18 @@ import yaml
 
 ZERO = "0" * 64
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_overlay_module(relpath: str, name: str) -> ModuleType:
+    """A pure-Python module of the shipped overlay (``torch/cuda/_um_plan.py``, ...),
+    loaded from its file as ``name``, without the torch package around it."""
+    path = ROOT / "c10_overlay" / relpath
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def build_engine_test(exe: Path, sources: list[Path], *flags: str) -> Path:

@@ -8,32 +8,19 @@ stepped once, in order."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .helpers import load_overlay_module
+
 MiB = 1 << 20
 
 
-def _load() -> ModuleType:
-    path = ROOT / "c10_overlay" / "torch" / "cuda" / "_um_plan.py"
-    spec = importlib.util.spec_from_file_location("um_plan_under_test", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
-
-plan = _load()
+plan = load_overlay_module("torch/cuda/_um_plan.py", "um_plan_under_test")
 
 
 def test_target_starts_at_zero_grows_by_evictions_and_shrinks_by_half_the_spare_room() -> None:

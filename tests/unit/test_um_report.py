@@ -4,29 +4,15 @@ counters, and a note exactly where a counter records something to act on."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .helpers import load_overlay_module
+
 GiB = 1 << 30
 MiB = 1 << 20
 
 
-def _load() -> ModuleType:
-    path = ROOT / "c10_overlay" / "torch" / "cuda" / "_um_report.py"
-    spec = importlib.util.spec_from_file_location("um_report_under_test", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-report = _load()
+report = load_overlay_module("torch/cuda/_um_report.py", "um_report_under_test")
 
 
 def _summary(*args: object) -> str:
@@ -113,22 +99,22 @@ def test_without_predict_counters_and_before_the_device_is_used() -> None:
     assert "nothing ran past a budget under it yet" in text
 
 
-@pytest.mark.parametrize(
-    ("engine", "predict", "note"),
-    [
-        ({"um.cap_refusals": 3}, {}, "3 allocations were refused with OutOfMemoryError"),
-        ({"um.headroom_refusals": 2}, {}, "to keep host_headroom (4.00 GiB)"),
-        ({"um.executor_failures": 5}, {}, "(um.executor_failures)"),
-        ({"um.policy_lru": 0}, {}, "policy static moves nothing (um.host_placed_bytes)"),
-        ({}, {"predict.failures": 7}, "page-locked host memory was refused"),
-        ({}, {"predict.host_limited": 1}, "(predict.host_limited)"),
-        ({}, {"predict.lookahead_stops": 9}, "predict_lookahead 1.00 GiB"),
-        ({}, {"predict.optimizer_skipped": 2}, "(predict.optimizer_skipped;"),
-        ({}, {"predict.optimizer_touch_failures": 1}, "(predict.optimizer_touch_failures)"),
-        ({}, {"predict.stream_ring_failures": 4}, "for want of device memory for the ring"),
-        ({}, {"predict.stream_send_failures": 1}, "(predict.stream_send_failures)"),
-    ],
-)
+CASES = [
+    ({"um.cap_refusals": 3}, {}, "3 allocations were refused with OutOfMemoryError"),
+    ({"um.headroom_refusals": 2}, {}, "to keep host_headroom (4.00 GiB)"),
+    ({"um.executor_failures": 5}, {}, "(um.executor_failures)"),
+    ({"um.policy_lru": 0}, {}, "policy static moves nothing (um.host_placed_bytes)"),
+    ({}, {"predict.failures": 7}, "page-locked host memory was refused"),
+    ({}, {"predict.host_limited": 1}, "(predict.host_limited)"),
+    ({}, {"predict.lookahead_stops": 9}, "predict_lookahead 1.00 GiB"),
+    ({}, {"predict.optimizer_skipped": 2}, "(predict.optimizer_skipped)"),
+    ({}, {"predict.optimizer_touch_failures": 1}, "(predict.optimizer_touch_failures)"),
+    ({}, {"predict.stream_ring_failures": 4}, "for want of device memory for the ring"),
+    ({}, {"predict.stream_send_failures": 1}, "(predict.stream_send_failures)"),
+]
+
+
+@pytest.mark.parametrize(("engine", "predict", "note"), CASES)
 def test_a_note_exactly_where_its_counter_says(
     engine: dict[str, int], predict: dict[str, int], note: str
 ) -> None:
@@ -137,6 +123,11 @@ def test_a_note_exactly_where_its_counter_says(
     text = _summary(0, _engine(**engine), {**PREDICT, **predict}, CONFIG, True)
     notes = text.split(" notes - ", 1)[1].split(" - ")
     assert len(notes) == 1 and note in notes[0], text
+
+
+def test_every_note_has_its_case() -> None:
+    tested = {name for engine, predict, _ in CASES for name in (*engine, *predict)}
+    assert {name for name, _ in report.NOTES} <= tested
 
 
 def test_weights_streamed_per_forward() -> None:

@@ -171,70 +171,72 @@ def _predict_rows(p: Mapping[str, int], add: Callable[[str, str], None]) -> None
         )
 
 
+# A note for each of these counters that is not 0, in this order: (counter, text), where
+# {n} is the counter's value and {max_managed}, {host_headroom} and {predict_lookahead}
+# are those settings. The note ends with the counter's name.
+NOTES = (
+    (
+        "um.cap_refusals",
+        "{n} allocations were refused with OutOfMemoryError: max_managed ({max_managed}) "
+        "would have been passed",
+    ),
+    (
+        "um.headroom_refusals",
+        "{n} allocations were refused to keep host_headroom ({host_headroom}) of host RAM free",
+    ),
+    (
+        "um.executor_failures",
+        "{n} of the engine's CUDA calls failed: advice or moves were lost, no data",
+    ),
+    (
+        "predict.failures",
+        "{n} saved activations stayed on the device because page-locked host memory was refused",
+    ),
+    ("predict.host_limited", "{n} forwards offloaded fewer saves to keep host_headroom free"),
+    (
+        "predict.lookahead_stops",
+        "{n} times a save could not be brought back ahead of its use for want of lookahead "
+        "(predict_lookahead {predict_lookahead})",
+    ),
+    (
+        "predict.optimizer_skipped",
+        "{n} optimizer steps past the budget were not staged: the optimizer or its settings "
+        "are not ones the staging covers (Note [Optimizer state staging])",
+    ),
+    (
+        "predict.optimizer_touch_failures",
+        "{n} optimizer steps could not report their gradients as used",
+    ),
+    (
+        "predict.stream_ring_failures",
+        "{n} forwards read every weight in place for want of device memory for the ring of copies",
+    ),
+    (
+        "predict.stream_send_failures",
+        "{n} times the engine refused to send parameters to host RAM for streaming; their "
+        "copies read them wherever they were",
+    ),
+)
+
+
 def _notes(
     engine: Mapping[str, int], predict: Mapping[str, int], config: Mapping[str, str]
 ) -> list[str]:
     """One line for each counter that records something to act on or to know of."""
-    e, g = engine.get, predict.get
-    out = []
-    if e("um.cap_refusals", 0):
+    settings = {
+        k: _setting_size(config.get(k))
+        for k in ("max_managed", "host_headroom", "predict_lookahead")
+    }
+    counters = {**engine, **predict}
+    out = [
+        f"{text.format(n=counters[name], **settings)} ({name})"
+        for name, text in NOTES
+        if counters.get(name, 0)
+    ]
+    placed = engine.get("um.host_placed_bytes", 0)
+    if placed and not engine.get("um.policy_lru", 0):
         out.append(
-            f"{e('um.cap_refusals')} allocations were refused with OutOfMemoryError: "
-            f"max_managed ({_setting_size(config.get('max_managed'))}) would have been "
-            "passed (um.cap_refusals)"
-        )
-    if e("um.headroom_refusals", 0):
-        out.append(
-            f"{e('um.headroom_refusals')} allocations were refused to keep host_headroom "
-            f"({_setting_size(config.get('host_headroom'))}) of host RAM free "
-            "(um.headroom_refusals)"
-        )
-    if e("um.executor_failures", 0):
-        out.append(
-            f"{e('um.executor_failures')} of the engine's CUDA calls failed: advice or "
-            "moves were lost, no data (um.executor_failures)"
-        )
-    if e("um.host_placed_bytes", 0) and not e("um.policy_lru", 0):
-        out.append(
-            f"{size(e('um.host_placed_bytes', 0))} stay in host RAM and are read there over "
-            "the link at every use: policy static moves nothing (um.host_placed_bytes)"
-        )
-    if g("predict.failures", 0):
-        out.append(
-            f"{g('predict.failures')} saved activations stayed on the device because "
-            "page-locked host memory was refused (predict.failures)"
-        )
-    if g("predict.host_limited", 0):
-        out.append(
-            f"{g('predict.host_limited')} forwards offloaded fewer saves to keep "
-            "host_headroom free (predict.host_limited)"
-        )
-    if g("predict.lookahead_stops", 0):
-        out.append(
-            f"{g('predict.lookahead_stops')} times a save could not be brought back ahead "
-            f"of its use for want of lookahead (predict_lookahead "
-            f"{_setting_size(config.get('predict_lookahead'))}; predict.lookahead_stops)"
-        )
-    if g("predict.optimizer_skipped", 0):
-        out.append(
-            f"{g('predict.optimizer_skipped')} optimizer steps past the budget were not "
-            "staged: the optimizer or its settings are not ones the staging covers "
-            "(predict.optimizer_skipped; Note [Optimizer state staging])"
-        )
-    if g("predict.optimizer_touch_failures", 0):
-        out.append(
-            f"{g('predict.optimizer_touch_failures')} optimizer steps could not report "
-            "their gradients as used (predict.optimizer_touch_failures)"
-        )
-    if g("predict.stream_ring_failures", 0):
-        out.append(
-            f"{g('predict.stream_ring_failures')} forwards read every weight in place for "
-            "want of device memory for the ring of copies (predict.stream_ring_failures)"
-        )
-    if g("predict.stream_send_failures", 0):
-        out.append(
-            f"{g('predict.stream_send_failures')} times the engine refused to send "
-            "parameters to host RAM for streaming; their copies read them wherever they "
-            "were (predict.stream_send_failures)"
+            f"{size(placed)} stay in host RAM and are read there over the link at every "
+            "use: policy static moves nothing (um.host_placed_bytes)"
         )
     return out
