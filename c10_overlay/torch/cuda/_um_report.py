@@ -60,15 +60,7 @@ def summary_text(
     lines = [f"torch.cuda.um summary, device {device}"]
 
     def row(label: str, text: str) -> None:
-        lines.extend(
-            textwrap.wrap(
-                text,
-                WIDTH,
-                initial_indent=f"  {label:<{LABEL}}",
-                subsequent_indent=" " * (2 + LABEL),
-                break_on_hyphens=False,
-            )
-        )
+        lines.extend(_wrap(text, f"  {label:<{LABEL}}", " " * (2 + LABEL)))
 
     on = bool(e("um.enabled", 0))
     policy = "lru" if e("um.policy_lru", 0) else "static"
@@ -124,16 +116,16 @@ def summary_text(
     if notes:
         lines.append("  notes")
         for n in notes:
-            lines.extend(
-                textwrap.wrap(
-                    n,
-                    WIDTH,
-                    initial_indent="    - ",
-                    subsequent_indent="      ",
-                    break_on_hyphens=False,
-                )
-            )
+            lines.extend(_wrap(n, "    - ", "      "))
     return "\n".join(lines)
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    """``text`` in lines of at most WIDTH, the first after ``first``, the others after
+    ``rest``."""
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    )
 
 
 def _predict_rows(p: Mapping[str, int], add: Callable[[str, str], None]) -> None:

@@ -1290,10 +1290,10 @@ def summary(device: DeviceLike = None) -> str:
     in place, ...), naming that counter (Note [The summary says what the counters say],
     torch/cuda/_um_report.py). ``print(torch.cuda.um.summary())``. Does not initialise
     CUDA."""
-    from torch.cuda import _um_report
-
     if _lib is None:
         return "torch.cuda.um summary: this torch has no unified-memory engine"
+    from torch.cuda import _um_report
+
     index = _device_index(device, allow_host=False)
     text: str = _um_report.summary_text(
         index, stats(index), predict_stats(), get_config(), _hooks_installed
