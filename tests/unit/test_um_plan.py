@@ -350,6 +350,48 @@ def test_streaming_a_simulated_scan_settles_without_evictions() -> None:
     assert room <= 2 * margin + per  # not streaming far more than it must
 
 
+def test_first_target_is_what_did_not_fit_not_the_scan_lru_cycled() -> None:
+    t = plan.StreamTarget(margin=400)
+    # The plain policy evicted more than the record holds (an LRU cycle over the scan);
+    # 700 bytes were placed past the budget when it ended: start at those plus a margin.
+    assert t.start(evicted=5000, total=4000, over=700) == 1100 and t.floor == 0
+    assert t.start(evicted=900, total=4000, over=700) == 900  # evictions still bound it
+    assert t.start(evicted=5000, total=4000, over=10**9) == 4000  # and the record does
+    assert t.start(evicted=5000, total=4000) == 4000  # no reading of the placed bytes
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_a_scan_that_cycled_through_lru_settles_near_what_does_not_fit(bounded: bool) -> None:
+    """generate() past the budget (bench/README.md, prediction step 31): the record's
+    first forward, under LRU, evicted every weight of the scan; the next forward still
+    evicted a little (the KV cache growing) before the forwards settled. Started from
+    the evictions, the target stayed at every weight, as its floor; started from the
+    bytes past the budget, it settles where the simulated forward evicts nothing, and
+    streams little more than it must."""
+    per, layers, peak, lookahead, margin = 100 * MiB, 24, 300 * MiB, 128 * MiB, 128 * MiB
+    budget = 2048 * MiB
+    calls = _scan_calls(layers, per)
+    total = plan.unique_bytes(calls)
+
+    def forward(target: int) -> tuple[int, int]:
+        streamed = sum(per for p in _plan(calls, target) if p)
+        need = total - streamed + peak + min(lookahead, streamed)
+        return max(0, need - budget), max(0, budget - need)  # (evicted, low room)
+
+    over = total + peak - budget
+    t = plan.StreamTarget(margin=margin)
+    t.start(evicted=total + peak, total=total, over=over if bounded else None)
+    t.update(64 * MiB, 0, 0, total)  # the settling forward
+    for _ in range(12):
+        evicted, room = forward(t.bytes)
+        t.update(evicted, 0, room, total)
+    assert forward(t.bytes)[0] == 0
+    if bounded:
+        assert t.bytes <= over + lookahead + 2 * margin + per
+    else:
+        assert t.bytes == total  # as measured: every weight, every forward
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_stream_plan_copies_only_storages_one_call_reads(seed: int) -> None:
     rng = random.Random(seed)

@@ -198,17 +198,30 @@ class StreamTarget:
     allocator will reuse them. Measured on the H200 (bench/README.md, prediction step
     14): a target that followed that room down into evictions made the forward slower
     (0.055 s to 0.075 s). A new record starts from the evictions of the forward that
-    made it: the plain policy's overflow. Never more than ``total``, the streamable
-    bytes of the record.
+    made it, the plain policy's overflow, but at most the placed bytes past the budget
+    at its end plus the margin (Note [The first target]). Never more than ``total``,
+    the streamable bytes of the record.
     """
 
     margin: int
     bytes: int = 0
     floor: int = 0  # the largest target that still saw evictions
 
-    def start(self, evicted: int, total: int) -> int:
+    def start(self, evicted: int, total: int, over: int | None = None) -> int:
+        # Note [The first target]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~
+        # Under the plain LRU policy, a forward that reads more weights than fit reads
+        # them as a cycle, and LRU evicts each one before the cycle comes back to it: the
+        # forward's evictions are then the whole scan, not what did not fit. In
+        # generate() (bench/README.md, prediction step 31) the prefill evicted 2.63 GB
+        # of a 2.43 GB record with 0.55 GB past the budget, so the target started at
+        # every weight; a few evictions in the next forward (the KV cache growing) made
+        # that the floor, and every token copied 2.4 GB instead of about 1. ``over``, the
+        # placed bytes past the budget when the forward ended, bounds what the evictions
+        # say; evictions in the forwards after it still grow the target.
         self.floor = 0
-        self.bytes = max(0, min(evicted, total))
+        first = evicted if over is None else min(evicted, over + self.margin)
+        self.bytes = max(0, min(first, total))
         return self.bytes
 
     def update(self, evicted: int, discarded: int, low_room: int, total: int) -> int:

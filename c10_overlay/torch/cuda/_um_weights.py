@@ -144,8 +144,9 @@ READ_ONLY = frozenset(
     }
 )
 
-# device -> (bytes evicted so far, bytes discarded so far, free room under the budget)
-Counters = Callable[[int], "tuple[int, int, int]"]
+# device -> (bytes evicted so far, bytes discarded so far, free room under the budget,
+# placed bytes past the budget)
+Counters = Callable[[int], "tuple[int, int, int, int]"]
 SendToHost = Callable[[list[torch.Tensor]], None]
 
 
@@ -297,7 +298,7 @@ class _Pass:
         plan_: list[list[int]],
         ring: _Ring | None,
         device: int,
-        counters: tuple[int, int, int],
+        counters: tuple[int, int, int, int],
         generation: int,
     ) -> None:
         self.root = root
@@ -305,7 +306,7 @@ class _Pass:
         self.plan = plan_
         self.ring = ring
         self.device = device
-        self.evicted, self.discarded, _ = counters  # the engine's, at the start
+        self.evicted, self.discarded = counters[0], counters[1]  # the engine's, at the start
         self.sent = 0  # bytes the streamer sent to host RAM itself
         self.following = record is not None
         self.generation = generation  # Streamer.drop_rings() calls when it began
@@ -745,7 +746,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                     self._rings[run.device] = run.ring
         if not run.calls:
             return  # nothing streamable (an activation module called on its own)
-        evicted_now, discarded_now, room = self._counters(run.device)
+        evicted_now, discarded_now, room, over = self._counters(run.device)
         evicted = max(0, evicted_now - run.evicted - run.sent)
         discarded = max(0, discarded_now - run.discarded)
         low = room if run.low_room is None else min(run.low_room, room)
@@ -764,7 +765,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                     self.stats["departures"] += 1  # fewer calls than recorded
                 target = plan.StreamTarget(margin=self.margin)
                 record = _Record(run.root, run.calls, target)
-                target.start(evicted, record.total)
+                target.start(evicted, record.total, over)
                 self._records.pop(id(run.root), None)
                 while len(self._records) >= MAX_RECORDS:
                     self._records.pop(next(iter(self._records)))

@@ -1118,21 +1118,23 @@ def _remove_hooks() -> None:
 _offloader: Any = None
 
 
-def _stream_counters(index: int) -> tuple[int, int, int]:
+def _stream_counters(index: int) -> tuple[int, int, int, int]:
     """(bytes the engine has evicted from device ``index`` so far, bytes it has
     discarded so far, free room under its budget: dead bytes count as free, the
-    allocator reuses them without a move)."""
+    allocator reuses them without a move; and the placed bytes past the budget: what
+    would not fit on the device now, dead bytes left out)."""
     s = _raw_stats(index)
     if s is None:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     room = s.device_budget_bytes + s.dead_device_bytes - s.device_placed_bytes
-    return int(s.evict_bytes), int(s.discard_bytes), max(0, int(room))
+    over = s.device_placed_bytes + s.host_placed_bytes - s.dead_device_bytes - s.device_budget_bytes
+    return int(s.evict_bytes), int(s.discard_bytes), max(0, int(room)), max(0, int(over))
 
 
 def _engine_counters(index: int) -> tuple[int, int]:
     """(bytes evicted from device ``index`` so far, free room under its budget), for the
     saved-activation offload."""
-    evicted, _, room = _stream_counters(index)
+    evicted, _, room, _ = _stream_counters(index)
     return evicted, room
 
 

@@ -1,0 +1,150 @@
+"""What the +um torch costs the host when the data fits (issue 8's bar "at most 1.01 against
+stock when the data fits"; bench/README.md, prediction step 31).
+
+    python -m bench.fit_probe --mode um    [--workload gpt] [--pairs 3] [--steps 20]
+    python -m bench.fit_probe --mode stock [--workload gpt] [--pairs 3] [--steps 20]
+
+The GPU suite's time bar (tests/gpu/test_training.py) failed with every block in the CPU's
+slow state: the small models' steps are bound by the host there, and the +um torch's steps
+took 7 % (ResNet-50) and 19 % (the small GPT) longer than with UM off in the same process.
+This probe takes a step apart, in blocks that alternate the states (``um``: on, off, off,
+on, ...; ``stock``: an unmodified torch, the reference for both):
+
+- ``alloc_small_us`` / ``alloc_large_us``: host microseconds of one ``torch.empty`` and its
+  free (512 bytes, the small pool; 4 MiB, the large pool), the allocator's path with the
+  engine's trace tracker and block events behind it;
+- per training step, synchronised at its end so that each starts on an idle queue:
+  ``host_ms`` until ``opt.step()`` returns, ``cpu_ms`` the main thread's CPU time in it,
+  ``wall_ms`` until the device is done;
+- ``events_per_step`` (``um``): the engine's block events a step (``block_events``);
+- the CPU canary before and after the block (bench.common.cpu_canary).
+
+Under ``um`` the total-managed cap is 80 % of the free memory read at start
+(bench.common.safe_cap, design notes section 4), and the data fits far below it. Prints a
+table and one ``BENCH_RESULT`` JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from bench.common import cpu_canary, emit, safe_cap, um_module
+
+
+def alloc_us(torch: Any, nbytes: int, n: int) -> float:
+    """Host microseconds of one allocation of ``nbytes`` on the device and its free."""
+    for _ in range(100):
+        x = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        del x
+    t = time.perf_counter()
+    for _ in range(n):
+        x = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        del x
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def step_times(torch: Any, make: Any, steps: int, warmup: int) -> list[tuple[float, float, float]]:
+    """(host ms, main-thread CPU ms, wall ms) of each timed step of ``make``'s workload."""
+    model, batch, target = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    out: list[tuple[float, float, float]] = []
+    for i in range(warmup + steps):
+        torch.cuda.synchronize()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        opt.zero_grad(set_to_none=True)
+        y = model(batch)
+        loss = loss_fn(y.reshape(-1, y.shape[-1]), target.reshape(-1))
+        loss.backward()
+        opt.step()
+        t1, c1 = time.perf_counter(), time.thread_time()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        if i >= warmup:
+            out.append(((t1 - t0) * 1e3, (c1 - c0) * 1e3, (t2 - t0) * 1e3))
+    del model, batch, target, opt
+    return out
+
+
+def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> dict[str, Any]:
+    from bench.workloads import release_cache
+
+    if um is not None:
+        um.configure(enabled=state == "on")
+    release_cache()
+    before = cpu_canary()
+    events0 = um.stats()["um.block_events"] if um is not None else 0
+    small, large = alloc_us(torch, 512, a.allocs), alloc_us(torch, 4 << 20, a.allocs)
+    events1 = um.stats()["um.block_events"] if um is not None else 0
+    rows = step_times(torch, make, a.steps, a.warmup)
+    events2 = um.stats()["um.block_events"] if um is not None else 0
+    canary = max(before, cpu_canary())
+    host, cpu, wall = (statistics.median(r[k] for r in rows) for k in range(3))
+    return {
+        "state": state,
+        "canary_s": canary,
+        "alloc_small_us": small,
+        "alloc_large_us": large,
+        "alloc_events": events1 - events0,
+        "host_ms": host,
+        "cpu_ms": cpu,
+        "wall_ms": wall,
+        "events_per_step": (events2 - events1) / (a.warmup + a.steps),
+        "steps": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=("stock", "um"), required=True)
+    ap.add_argument("--workload", choices=("gpt", "resnet50"), default="gpt")
+    ap.add_argument("--pairs", type=int, default=3, help="blocks of each state")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps a block")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--allocs", type=int, default=20000, help="allocations a size a block")
+    a = ap.parse_args(argv)
+    import torch
+
+    from bench import workloads
+
+    um = um_module(torch, a.mode)
+    free, _total, cap = safe_cap(torch)
+    if um is not None:
+        um.configure(max_managed=cap, predict=True)
+    make = workloads.WORKLOADS[a.workload]
+    order = ["stock"] * (2 * a.pairs)
+    if um is not None:
+        order = [
+            s for i in range(a.pairs) for s in (("on", "off") if i % 2 == 0 else ("off", "on"))
+        ]
+    blocks = [block(torch, um, state, make, a) for state in order]
+    print(
+        f"{'state':6} {'canary ms':>9} {'alloc 512B us':>13} {'alloc 4MiB us':>13} "
+        f"{'host ms':>8} {'cpu ms':>7} {'wall ms':>8} {'events/step':>11}"
+    )
+    for b in blocks:
+        print(
+            f"{b['state']:6} {b['canary_s'] * 1e3:9.2f} {b['alloc_small_us']:13.2f} "
+            f"{b['alloc_large_us']:13.2f} {b['host_ms']:8.2f} {b['cpu_ms']:7.2f} "
+            f"{b['wall_ms']:8.2f} {b['events_per_step']:11.0f}"
+        )
+    emit(
+        {
+            "probe": "fit_probe",
+            "mode": a.mode,
+            "workload": a.workload,
+            "torch": torch.__version__,
+            "cap_bytes": cap if um is not None else None,
+            "free_bytes": free,
+            "config": um.get_config() if um is not None else None,
+            "blocks": blocks,
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
