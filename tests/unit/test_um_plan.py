@@ -364,7 +364,7 @@ def test_first_target_is_what_did_not_fit_not_the_scan_lru_cycled() -> None:
 def test_a_scan_that_cycled_through_lru_settles_near_what_does_not_fit(bounded: bool) -> None:
     """generate() past the budget (bench/README.md, prediction step 31): the record's
     first forward, under LRU, evicted every weight of the scan; the next forward still
-    evicted a little (the KV cache growing) before the forwards settled. Started from
+    evicted a little (about the KV cache's size) before the forwards settled. Started from
     the evictions, the target stayed at every weight, as its floor; started from the
     bytes past the budget, it settles where the simulated forward evicts nothing, and
     streams little more than it must."""

@@ -213,12 +213,12 @@ class StreamTarget:
         # Under the plain LRU policy, a forward that reads more weights than fit reads
         # them as a cycle, and LRU evicts each one before the cycle comes back to it: the
         # forward's evictions are then the whole scan, not what did not fit. In
-        # generate() (bench/README.md, prediction step 31) the prefill evicted 2.63 GB
-        # of a 2.43 GB record with 0.55 GB past the budget, so the target started at
-        # every weight; a few evictions in the next forward (the KV cache growing) made
-        # that the floor, and every token copied 2.4 GB instead of about 1. ``over``, the
-        # placed bytes past the budget when the forward ended, bounds what the evictions
-        # say; evictions in the forwards after it still grow the target.
+        # generate() (bench/README.md, prediction step 31) the prefill evicted 2626 MiB
+        # of a 2434 MiB record with 0.55 GiB past the budget, so the target started at
+        # every weight; 108 MiB evicted in the next forward (about the KV cache's size)
+        # made that the floor, and every token copied 2.4 GB. Bounded by ``over``, the
+        # placed bytes past the budget when the forward ended, it settled at 0.84 GB.
+        # Evictions in the forwards after the first still grow the target.
         self.floor = 0
         first = evicted if over is None else min(evicted, over + self.margin)
         self.bytes = max(0, min(first, total))
