@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -323,21 +324,30 @@ def test_stream_target_grows_by_evictions_and_never_shrinks_back_into_them() -> 
     assert t.start(evicted=0, total=4000) == 0 and t.floor == 0  # a record that fits
 
 
-def test_streaming_a_simulated_scan_settles_without_evictions() -> None:
-    """A device of ``budget`` bytes runs forwards over ``layers`` weights plus an
-    activation peak; the streamed suffix is read by copy through ``lookahead`` bytes of
-    buffers, the rest stays. The target must settle where the forward evicts nothing
-    and most of the room the buffers leave is used."""
-    per, layers, peak, lookahead, margin = 100 * MiB, 24, 300 * MiB, 256 * MiB, 128 * MiB
-    budget = 2048 * MiB
+def _simulated_scan(
+    layers: int, per: int, peak: int, lookahead: int, budget: int
+) -> tuple[int, Callable[[int], tuple[int, int]]]:
+    """A device of ``budget`` bytes running forwards over ``layers`` weights of ``per``
+    bytes plus an activation peak, the streamed ones read by copy through ``lookahead``
+    bytes of buffers: the record's bytes, and a forward at a target -> (evicted, low room)."""
     calls = _scan_calls(layers, per)
     total = plan.unique_bytes(calls)
 
     def forward(target: int) -> tuple[int, int]:
         streamed = sum(per for p in _plan(calls, target) if p)
         need = total - streamed + peak + min(lookahead, streamed)
-        return max(0, need - budget), max(0, budget - need)  # (evicted, low room)
+        return max(0, need - budget), max(0, budget - need)
 
+    return total, forward
+
+
+def test_streaming_a_simulated_scan_settles_without_evictions() -> None:
+    """A device of ``budget`` bytes runs forwards over ``layers`` weights plus an
+    activation peak; the streamed suffix is read by copy through ``lookahead`` bytes of
+    buffers, the rest stays. The target must settle where the forward evicts nothing
+    and most of the room the buffers leave is used."""
+    per, peak, lookahead, margin, budget = 100 * MiB, 300 * MiB, 256 * MiB, 128 * MiB, 2 << 30
+    total, forward = _simulated_scan(24, per, peak, lookahead, budget)
     t = plan.StreamTarget(margin=margin)
     t.start(evicted=forward(0)[0], total=total)
     history = []
@@ -368,16 +378,8 @@ def test_a_scan_that_cycled_through_lru_settles_near_what_does_not_fit(bounded: 
     the evictions, the target stayed at every weight, as its floor; started from the
     bytes past the budget, it settles where the simulated forward evicts nothing, and
     streams little more than it must."""
-    per, layers, peak, lookahead, margin = 100 * MiB, 24, 300 * MiB, 128 * MiB, 128 * MiB
-    budget = 2048 * MiB
-    calls = _scan_calls(layers, per)
-    total = plan.unique_bytes(calls)
-
-    def forward(target: int) -> tuple[int, int]:
-        streamed = sum(per for p in _plan(calls, target) if p)
-        need = total - streamed + peak + min(lookahead, streamed)
-        return max(0, need - budget), max(0, budget - need)  # (evicted, low room)
-
+    per, peak, lookahead, margin, budget = 100 * MiB, 300 * MiB, 128 * MiB, 128 * MiB, 2 << 30
+    total, forward = _simulated_scan(24, per, peak, lookahead, budget)
     over = total + peak - budget
     t = plan.StreamTarget(margin=margin)
     t.start(evicted=total + peak, total=total, over=over if bounded else None)
