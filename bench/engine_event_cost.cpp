@@ -5,16 +5,17 @@
 //
 //   g++ -std=c++17 -O2 -Ic10_overlay -Itests/engine/cuda_stub -o engine_event_cost
 //       bench/engine_event_cost.cpp c10_overlay/c10/cuda/um/Residency.cpp -lpthread
-//   ./engine_event_cost
+//   ./engine_event_cost [PAIRS]      (allocation-and-free pairs a size, 2000000)
 #include <c10/cuda/um/Residency.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 using namespace c10::cuda::um;
 
-int main() {
+int main(int argc, char** argv) {
   Residency r;
   DeviceLimits lim;
   lim.budget = 100ull << 30;
@@ -30,7 +31,11 @@ int main() {
                  Policy::Lru, lim, out);
   }
   out.clear();
-  const int n = 2000000;
+  const int n = argc > 1 ? std::atoi(argv[1]) : 2000000;
+  if (n < 1) {
+    std::fprintf(stderr, "PAIRS must be a count of at least 1\n");
+    return 2;
+  }
   for (uint64_t size : {512ull, 4ull << 20, 16ull << 20}) {
     const auto t = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) {

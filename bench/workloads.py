@@ -51,21 +51,33 @@ def gpt() -> Workload:
 WORKLOADS: dict[str, Callable[[], Workload]] = {"resnet50": resnet50, "gpt": gpt}
 
 
-def train_steps(workload: Workload, steps: int) -> tuple[list[float], list[float]]:
-    """Run ``steps`` SGD steps; return every step's loss and CUDA-event time in ms."""
+def sgd_stepper(workload: Workload) -> Callable[[], Any]:
+    """A function that runs one SGD step of ``workload`` (momentum 0.9, cross-entropy)
+    each time it is called, and returns the step's loss."""
     model, batch, target = workload
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
-    losses: list[Any] = []
-    events = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+
+    def step() -> Any:
         opt.zero_grad(set_to_none=True)
         out = model(batch)
         loss = loss_fn(out.reshape(-1, out.shape[-1]), target.reshape(-1))
         loss.backward()
         opt.step()
+        return loss
+
+    return step
+
+
+def train_steps(workload: Workload, steps: int) -> tuple[list[float], list[float]]:
+    """Run ``steps`` SGD steps; return every step's loss and CUDA-event time in ms."""
+    step = sgd_stepper(workload)
+    losses: list[Any] = []
+    events = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = step()
         end.record()
         losses.append(loss.detach())
         events.append((start, end))

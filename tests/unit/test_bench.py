@@ -155,6 +155,32 @@ def test_at_full_speed_keeps_the_times_whose_canary_was_fast() -> None:
     assert common.at_full_speed([], fastest=1.0) == []
 
 
+def test_fit_probe_counts_the_events_of_timed_steps_only() -> None:
+    from bench import fit_probe
+
+    counter = {"events": 500}  # the workload's setup made these before the first step
+    synced: list[int] = []
+
+    class Cuda:
+        @staticmethod
+        def synchronize() -> None:
+            synced.append(counter["events"])
+
+    class Torch:
+        cuda = Cuda
+
+    def step() -> None:
+        counter["events"] += 10 if len(synced) <= 2 * 2 else 7  # warm-up steps make more
+
+    rows, per_step = fit_probe.step_times(
+        Torch, step, steps=3, warmup=2, events=lambda: counter["events"]
+    )
+    assert per_step == 7
+    assert len(rows) == 3
+    assert all(host >= 0 and cpu >= 0 and wall >= host for host, cpu, wall in rows)
+    assert len(synced) == 2 * 5  # idle before each step and done after it
+
+
 def test_hooks_probe_by_route_splits_the_forwards_and_the_canaries_after_them() -> None:
     from bench import hooks_probe
 
