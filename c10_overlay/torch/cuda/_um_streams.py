@@ -38,6 +38,10 @@ green_failures: dict[tuple[int, int], str] = {}  # (device, SMs) -> why none was
 # an inference forward's hooks asked for it some 340 times: bench/README.md, step 15).
 _raw_current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _current: dict[int, torch.cuda.Stream] = {}  # device -> the last current stream seen
+# torch.cuda.stream()'s context manager makes a Stream and two device objects each time it
+# is entered (bench/README.md, step 32): the weight streamer switches twice a streamed call.
+_set_raw = getattr(torch._C, "_cuda_setStream", None)
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
 def side_stream(device: int, role: str) -> torch.cuda.Stream:
@@ -106,3 +110,22 @@ def current_stream(device: int) -> torch.cuda.Stream:
     if s is None or _raw_current is None or s.cuda_stream != _raw_current(device):
         s = _current[device] = torch.cuda.current_stream(device)
     return s
+
+
+def can_switch(device: int) -> bool:
+    """Whether ``switch_to`` may make a stream of ``device`` current: ``device`` is the
+    current device (``torch._C._cuda_setStream`` would make it current otherwise, and
+    switching back would not undo that), and this torch has the raw call."""
+    return _set_raw is not None and _get_device is not None and _get_device() == device
+
+
+def switch_to(stream: torch.cuda.Stream) -> None:
+    """Make ``stream`` current on its device, which ``can_switch`` said is the current
+    one: what ``torch.cuda.stream(stream)`` does on entry, less its Python bookkeeping.
+    The caller switches back to the stream it left, also when its work raises."""
+    assert _set_raw is not None
+    _set_raw(
+        stream_id=stream.stream_id,
+        device_index=stream.device_index,
+        device_type=stream.device_type,
+    )

@@ -115,10 +115,12 @@ from torch.cuda import _um_copy
 from torch.cuda import _um_plan as plan
 from torch.cuda._um_streams import (
     auto_copy_sms,
+    can_switch,
     current_stream,
     few_sm_stream,
     green_failures,
     side_stream,
+    switch_to,
 )
 
 MIN_LOOKAHEAD = 32 << 20
@@ -258,6 +260,19 @@ class _Ring:
         # (start, dtype, shape) -> its view: a forward repeats its parts, and making a
         # view outside inference mode costs microseconds (bench/README.md, step 15).
         self._views: dict[tuple[int, torch.dtype, torch.Size], torch.Tensor] = {}
+        # (call index, whether after its copy or after its reads) -> the event, kept: one
+        # forward holds the ring at a time, and records each at most once, before anything
+        # waits for it; making and destroying two a streamed call cost the host (step 32).
+        self._events: dict[tuple[int, bool], torch.cuda.Event] = {}
+
+    def event(self, call: int, after_copy: bool) -> torch.cuda.Event:
+        """The event of call ``call`` of the forward holding the ring: recorded after its
+        copy (``after_copy``) or after the call that read its part."""
+        key = (call, after_copy)
+        e = self._events.get(key)
+        if e is None:
+            e = self._events[key] = torch.cuda.Event()
+        return e
 
     def view(self, start: int, like: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like ``like`` over the ring from ``start``: a normal tensor,
@@ -275,17 +290,23 @@ class _Ring:
 
 
 class _Copy:
-    """The copies issued for one call: per parameter, name, the parameter, its version
-    when copied, and its view of the ring; the ring's part and the event after them."""
+    """The copies issued for call ``index``: per parameter, name, the parameter, its
+    version when copied, and its view of the ring; the ring's part and the event after
+    them (the ring's own, ``_Ring.event``)."""
 
-    __slots__ = ("done", "params", "span")
+    __slots__ = ("done", "index", "params", "span")
 
     def __init__(
-        self, params: list[tuple[str, torch.Tensor, int, torch.Tensor]], span: tuple[int, int]
+        self,
+        index: int,
+        params: list[tuple[str, torch.Tensor, int, torch.Tensor]],
+        span: tuple[int, int],
+        done: torch.cuda.Event,
     ) -> None:
+        self.index = index
         self.params = params
         self.span = span
-        self.done = torch.cuda.Event()
+        self.done = done
 
 
 class _Pass:
@@ -313,9 +334,15 @@ class _Pass:
         self.calls: list[_Call] = []
         self.issued: dict[int, _Copy] = {}
         self.next_issue = 0
+        # The ring had no room for call next_issue's copy, and no part has come back
+        # since: the calls before it need not try again (a read-only call's pre-hook
+        # did, some 100 times a forward: step 32).
+        self.ring_full = False
         self.ordered = False  # whether a copy waited for the compute stream in this forward
         self.low_room: int | None = None
         self.streamed_calls = 0
+        self.streamed_bytes = 0  # added to the streamer's stats once, as the run ends
+        self.streamed_params = 0
         # id(module) -> stack of (the call's copy, its swaps: parameter, original data,
         # view of the ring, version after the swap)
         self.swapped: dict[
@@ -383,11 +410,12 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
     def _leave(self, run: _Pass, module: torch.nn.Module) -> None:
         self._restore(run, module)
 
-    def swapped_in(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` reads the ring: this thread's forward copied it in (um.py's use
-        signal then leaves it alone: it is on the device already)."""
+    def swapped_in(self) -> set[int] | frozenset[int]:
+        """The data pointers of the parameters that read the ring now: this thread's
+        forward copied them in (um.py's use signal then leaves them alone: they are on
+        the device already)."""
         run: _Pass | None = self.current()
-        return run is not None and t.data_ptr() in run.buffers
+        return run.buffers if run is not None else frozenset()
 
     def drop_rings(self) -> None:
         """Give the rings back to the allocator (um.py calls this when the hooks come off,
@@ -528,10 +556,9 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             run.buffers.add(buf.data_ptr())
         # Given back by the forward hook, once the call is queued (or now: nothing swapped).
         run.swapped.setdefault(id(module), []).append((copy, swaps))
-        if swaps:
-            with self._lock:
-                self.stats["streamed_bytes"] += sum(b.nbytes for _, _, b, _ in swaps)
-                self.stats["streamed_params"] += len(swaps)
+        for _, _, b, _ in swaps:
+            run.streamed_bytes += b.nbytes
+        run.streamed_params += len(swaps)
         run.streamed_calls += 1
         if run.streamed_calls % ROOM_EVERY == 1:  # a stats call each: not every call
             room = self._counters(run.device)[2]
@@ -541,7 +568,11 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         """Copy in the parameters of the calls from ``upto`` on, in order, while the ring
         has room for them."""
         assert run.record is not None and run.ring is not None
-        run.next_issue = max(run.next_issue, upto)
+        if upto > run.next_issue:
+            run.next_issue = upto
+            run.ring_full = False  # another call's copy: it may be smaller
+        if run.ring_full:
+            return
         compute = current_stream(run.device)
         while run.next_issue < len(run.plan):
             j = run.next_issue
@@ -562,7 +593,8 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             start = run.ring.parts.take(sum(sizes))
             if start is None:
                 if run.ring.parts.held:
-                    return  # the ring is full: the next call's hook goes on
+                    run.ring_full = True  # until a part comes back: then a hook goes on
+                    return
                 run.next_issue += 1  # larger than the ring: read where it is
                 continue
             run.next_issue += 1
@@ -571,11 +603,13 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 views.append(run.ring.view(at, p))
                 at += n
             copy = _Copy(
+                j,
                 [
                     (call.names[k], p, p._version, v)
                     for k, p, v in zip(picked, params, views, strict=True)
                 ],
                 (start, start + sum(sizes)),
+                run.ring.event(j, True),
             )
             side, blocks = self._copy_stream(run.device)
             # After the calls that read this part of the ring before, and after every
@@ -594,16 +628,33 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                     run.ring.parts.forget()  # the forwards before: all queued before this
             for reader in run.ring.parts.readers(copy.span):
                 side.wait_event(reader)
-            with torch.cuda.stream(side):
-                # Kernels, not a cudaMemcpyAsync per parameter: the driver runs those on
-                # SMs too out of managed memory, and they slowed the forward more (steps
-                # 15, 29).
-                if blocks:
-                    views, params = self._lean(run.device, side, blocks, views, params)
-                if views:
-                    torch._foreach_copy_(views, params)
-                copy.done.record(side)
+            if can_switch(run.device):
+                switch_to(side)
+                try:
+                    self._launch(run.device, side, blocks, views, params)
+                finally:
+                    switch_to(compute)
+            else:  # the current device is another: the context manager switches it too
+                with torch.cuda.stream(side):
+                    self._launch(run.device, side, blocks, views, params)
+            copy.done.record(side)
             run.issued[j] = copy
+
+    def _launch(
+        self,
+        device: int,
+        side: torch.cuda.Stream,
+        blocks: int,
+        views: list[torch.Tensor],
+        params: list[torch.Tensor],
+    ) -> None:
+        """Queue the copies of ``params`` into ``views`` on ``side``, the current stream.
+        Kernels, not a cudaMemcpyAsync per parameter: the driver runs those on SMs too out
+        of managed memory, and they slowed the forward more (steps 15, 29)."""
+        if blocks:
+            views, params = self._lean(device, side, blocks, views, params)
+        if views:
+            torch._foreach_copy_(views, params)
 
     def _lean(
         self,
@@ -685,9 +736,10 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             del run.swapped[id(module)]
         self._put_back(run, swaps)
         assert run.ring is not None
-        read = torch.cuda.Event()
+        read = run.ring.event(copy.index, False)
         read.record(current_stream(run.device))  # the call is queued: its reads come first
         run.ring.parts.give_back(copy.span, read)
+        run.ring_full = False
 
     def _put_back(
         self,
@@ -723,13 +775,20 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         for copy in run.issued.values():
             compute.wait_event(copy.done)  # before its part of the ring is copied into again
             run.ring.parts.give_back(copy.span)
+            run.ring_full = False
             with self._lock:
                 self.stats["unused_bytes"] += copy.span[1] - copy.span[0]
         run.issued.clear()
 
     def _unwind(self, run: _Pass) -> None:
         """What the forward still holds goes back: its unused copies, waited for by the
-        compute stream, and the parameters of calls whose forward hook never ran."""
+        compute stream, and the parameters of calls whose forward hook never ran; its
+        counts go to the stats."""
+        if run.streamed_params:
+            with self._lock:
+                self.stats["streamed_bytes"] += run.streamed_bytes
+                self.stats["streamed_params"] += run.streamed_params
+            run.streamed_bytes = run.streamed_params = 0
         self._drop_unused(run)
         for stack in run.swapped.values():
             for copy, swaps in stack:

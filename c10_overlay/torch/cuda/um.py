@@ -52,7 +52,7 @@ import os
 import platform
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import torch
@@ -948,21 +948,29 @@ def _ranges_of(tensors: Iterable[object]) -> list[tuple[int, int, int]]:
         if ptr == 0 or ptr in seen:
             continue
         seen.add(ptr)
-        out.append((ptr, st.nbytes(), t.device.index or 0))
+        out.append((ptr, st.nbytes(), t.get_device()))
     return out
 
 
 _TOUCH_READ_ONLY = 1  # TORCH_UM_TOUCH_READ_ONLY
+_current_handle: Callable[[int], int] | None = None  # _um_streams.current_handle, once imported
 
 
 def _touch(ranges: list[tuple[int, int, int]], flags: int = 0) -> None:
+    """The use signal: each range is about to be used on its device. Called at every
+    module call while the hooks are on, so it passes plain ints (ctypes converts them
+    by the argument types) and reads the current stream without making a Stream."""
+    global _current_handle
     if _lib is None:
         return
-    from torch.cuda._um_streams import current_handle  # one dict lookup once imported
+    handle = _current_handle
+    if handle is None:
+        from torch.cuda._um_streams import current_handle
 
+        handle = _current_handle = current_handle
+    touch = _lib.torch_um_touch
     for ptr, size, dev in ranges:
-        stream = current_handle(dev)  # a raw handle: no Stream object made
-        _lib.torch_um_touch(ctypes.c_void_p(ptr), size, dev, ctypes.c_void_p(stream), flags)
+        touch(ptr, size, dev, handle(dev), flags)
 
 
 def _own_tensors(module: Module) -> list[object]:
@@ -979,15 +987,22 @@ def _pre_forward(module: Module, args: object) -> None:
     # none: they come back as read-only copies that leave the device without
     # a write-back (Note [Read-only duplicates] in Residency.h). Buffers may be
     # updated in place (batch-norm statistics), so they are touched as usual.
-    params = list(module._parameters.values())
-    if _streamer is not None and params:
-        # Parameters read by copy in this call (Note [Weight streaming]) are not used.
-        params = [p for p in params if p is None or not _streamer.swapped_in(p)]
+    params = module._parameters
     if params:
-        _touch(_ranges_of(params), _TOUCH_READ_ONLY)
-    buffers = list(module._buffers.values())
+        tensors: Iterable[torch.Tensor | None] = params.values()
+        if _streamer is not None:
+            # Parameters read by copy in this call (Note [Weight streaming]) are not used.
+            ring = _streamer.swapped_in()
+            if ring:
+                tensors = [p for p in tensors if p is None or p.data_ptr() not in ring]
+        ranges = _ranges_of(tensors)
+        if ranges:
+            _touch(ranges, _TOUCH_READ_ONLY)
+    buffers = module._buffers
     if buffers:
-        _touch(_ranges_of(buffers))
+        ranges = _ranges_of(buffers.values())
+        if ranges:
+            _touch(ranges)
 
 
 def _flat(obj: object) -> list[torch.Tensor]:
