@@ -65,8 +65,9 @@ def um_module(torch: Any, mode: str) -> Any:
 
 
 # Counters of torch.cuda.um.predict_stats() that are levels (the predictor's current
-# target and lookahead), not counts: a phase or step reports them as they are at its end.
-LEVELS = ("target_bytes", "lookahead_bytes")
+# target and lookahead, the streamer's least room), not counts: a phase or step reports
+# them as they are at its end.
+LEVELS = ("target_bytes", "lookahead_bytes", "low_room_bytes")
 
 
 def counter_change(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

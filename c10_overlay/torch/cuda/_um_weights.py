@@ -390,6 +390,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 "write_backs",
                 "pressured",
                 "target_bytes",
+                "low_room_bytes",
                 "copy_sms",
                 "lean_copies",
             ),
@@ -831,6 +832,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 self._records[id(run.root)] = record
                 self.stats["records"] += 1
             self.stats["target_bytes"] = record.target.bytes
+            self.stats["low_room_bytes"] = low
 
     def counters(self) -> dict[str, int]:
         with self._lock:

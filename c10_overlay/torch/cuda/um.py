@@ -1277,7 +1277,9 @@ def predict_stats() -> dict[str, int]:
     under it), ``predict.stream_records`` (orders of module calls recorded: the first
     forward of a model, and each departure), ``predict.stream_departures`` (forwards
     that left their record), ``predict.stream_target_bytes`` (parameter bytes the next
-    forward reads by copy), ``predict.stream_streamed_bytes`` /
+    forward reads by copy), ``predict.stream_low_room_bytes`` (the least free room under
+    the budget seen at a streamed call of the last forward, which shrinks the target),
+    ``predict.stream_streamed_bytes`` /
     ``predict.stream_streamed_params`` (read by copy so far),
     ``predict.stream_sent_bytes`` (parameters sent to host RAM to be read by copy;
     ``predict.stream_send_failures``: sends the engine refused, the copies then read
