@@ -618,7 +618,7 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
     try:
         _streams_weights(um, held_before)
     finally:
-        um.configure(predict_copy_sms="auto", predict_copy_kernel="foreach")
+        um.configure(predict_copy_sms="auto", predict_copy_kernel="lean")  # the defaults
     stats = um.predict_stats()
     lean = kernel == "lean" and _um_copy.copier(0) is not None
     want = 0

@@ -38,7 +38,7 @@ RESIDENCY = {
     "predict": "True",
     "predict_lookahead": str(1 << 30),
     "predict_copy_sms": "auto",
-    "predict_copy_kernel": "foreach",
+    "predict_copy_kernel": "lean",
     "read_copies": "False",
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
@@ -437,7 +437,7 @@ _um_streams._make_green = no_green
 _um_weights.side_stream = _um_streams.side_stream = lambda device, role: f"plain:{device}:{role}"
 _um_weights.auto_copy_sms = lambda device: 16  # an H200's eighth
 st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30)
-st.copy_lean = True  # predict_copy_kernel:lean, which cannot be had here either
+st.copy_lean = True  # predict_copy_kernel:lean, the default, which cannot be had here either
 out = {}
 for setting in (24, 0):
     st.copy_sms = setting
@@ -468,7 +468,9 @@ lean = Lean()
 del _um_copy.failures[0]
 _um_copy.copier = lambda device: None if device in _um_copy.failures else lean
 st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30)
-# Not asked for (predict_copy_kernel:foreach, the default): foreach, though the kernel is there.
+# Not asked for (predict_copy_kernel:foreach; lean is the default): foreach, though the
+# kernel is there.
+st.copy_lean = False
 out["not_asked"] = list(st._copy_stream(0))
 st.copy_lean = True
 out["lean"] = {}
@@ -504,8 +506,8 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     """Note [Lean copies], Note [Copies on few SMs]: where neither the lean copy kernel
     (asked for) nor a green context can be had, the weight streamer's copies take the plain
     stream; a count the user asked for by name (not auto, not 0) warns once, naming the
-    setting and both reasons; the stream is kept per setting. The kernel is used only when
-    asked for (predict_copy_kernel:lean); then auto and a count take that many blocks; a
+    setting and both reasons; the stream is kept per setting. The kernel is used unless
+    foreach is asked for (predict_copy_kernel:foreach); auto and a count take that many blocks; a
     parameter it cannot copy goes to foreach, and a failed launch gives the kernel up with
     one warning, nothing left uncopied. configure() changes the setting of a streamer that
     exists at once."""
@@ -522,7 +524,7 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
                         "lean": 0, "warnings": []}
     assert "no NVRTC here" in asked["warnings"][0]
     assert got["failures"] == {"(0, 24)": "RuntimeError: no green contexts here"}
-    # Note [Lean copies]: opt-in; then the kernel's blocks, on the plain side stream.
+    # Note [Lean copies]: the default; then the kernel's blocks, on the plain side stream.
     assert got["not_asked"] == ["plain:0:weights", 0]
     assert got["lean"] == {
         "-1": ["plain:0:weights", 2, 2],

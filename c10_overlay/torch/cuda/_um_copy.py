@@ -12,13 +12,17 @@ on the H200 host, where the forward beside the copies took 29.8-30.8 ms against 
 with foreach on 16 SMs and 24.6 ms without copies (``python -m bench.overlap_probe``,
 bench/README.md step 29). Fewer blocks were better at every count tried (2, 4, 8, 16).
 
-Opt-in (``predict_copy_kernel:lean``), not the default. In the benchmark (step 29) the
-streamed forward at full CPU speed took 0.0350 s with it against 0.0369 with foreach on 16
-SMs, under the 1.5x bar; but the GPU hosts' CPUs run at half speed at times, and there
-the evidence goes the other way: in one process that alternated the two routes forward by
-forward, the forwards with this kernel took 47.7 ms against 43.5 (medians of 16), and the
-CPU canary after them was slow 14 times of 15 against 10 of 16. Why is not known; until
-it is, foreach stays the default.
+The default (``predict_copy_kernel:lean``) since step 32; ``foreach`` is the old route.
+In the inference benchmark at full CPU speed the streamed forward took 0.0350 s with it
+against 0.0369 with foreach on 16 SMs (step 29), and 0.0330 against 0.0359 with the rest
+of the engine the same (step 32: 1.37x the floor against 1.49x). With the GPU hosts' CPUs
+in their slow state the evidence was mixed: one process that alternated the two routes
+forward by forward took 47.7 ms a forward with this kernel against 43.5 (step 29), another
+38.3 against 38.1 (step 31), and benchmark rounds 0.0384 against 0.0419 and 0.0369
+against 0.0383 (step 32). ``generate()``, whose one-token forwards are bound by the host,
+ran 0.71 s a step against 0.73 at full CPU speed, but its median was 8 % slower, with two
+of six steps in the slow state against none (step 32). Whether this kernel brings the
+slow state on is not settled.
 
 It is compiled at run time by NVRTC (``torch.cuda._compile_kernel``), once per device at
 the first streamed copy, and launched with ``cuLaunchKernel`` through ctypes, one launch

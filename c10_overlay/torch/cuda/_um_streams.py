@@ -14,9 +14,10 @@ green context limited to 8, 16 or 32 SMs the same copies left the forward at 30.
 and 36.3 ms, and ran at 37, 48 and 49 GB/s against 49 on every SM
 (``python -m bench.overlap_probe``, bench/README.md step 23). So the weight streamer's
 copies go to such a stream (``predict_copy_sms``; auto: an eighth of the SMs, a multiple
-of 8, at least 8: 16 on an H200). ``predict_copy_kernel:lean`` replaces foreach by the
-engine's own copy kernel, which carries the link on two SMs (Note [Lean copies],
-_um_copy.py); these streams then serve where that kernel cannot be had. A green context
+of 8, at least 8: 16 on an H200) under ``predict_copy_kernel:foreach``. The default,
+``lean``, replaces foreach by the engine's own copy kernel, which carries the link on two
+SMs (Note [Lean copies], _um_copy.py); these streams then serve where that kernel cannot
+be had. A green context
 limits where its own kernels run, not the rest: the forward's kernels may still use
 every SM. Events order work across the two contexts of the device as within one; a
 device-wide synchronisation of the primary context is not relied on to cover the green

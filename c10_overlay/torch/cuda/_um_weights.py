@@ -371,7 +371,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         self.max_lookahead = max_lookahead
         self.set_budget(budget)
         self.copy_sms = -1  # predict_copy_sms: -1 auto, 0 any SM (Note [Copies on few SMs])
-        self.copy_lean = False  # predict_copy_kernel:lean (Note [Lean copies])
+        self.copy_lean = True  # predict_copy_kernel: lean, the default (Note [Lean copies])
         # device -> ((sms, lean), stream, blocks of the lean copy kernel: 0 for foreach)
         self._sides: dict[int, tuple[tuple[int, bool], torch.cuda.Stream, int]] = {}
         self.active = True

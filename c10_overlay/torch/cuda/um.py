@@ -676,7 +676,7 @@ def _apply_predict_settings() -> None:
         _streamer.max_lookahead = lookahead
         sms = conf.get("predict_copy_sms", "auto")
         _streamer.copy_sms = -1 if sms == "auto" else int(sms)  # -1: auto
-        _streamer.copy_lean = conf.get("predict_copy_kernel", "foreach") == "lean"
+        _streamer.copy_lean = conf.get("predict_copy_kernel", "lean") == "lean"
         budget = _current_budget()  # the ring's cap and the target's margin follow it
         if budget > 0:
             _streamer.set_budget(budget)
@@ -1290,8 +1290,8 @@ def predict_stats() -> dict[str, int]:
     ``predict.stream_write_backs`` (parameters a call wrote in place, copied back),
     ``predict.stream_pressured`` (forwards in which the engine still evicted to make
     room: the target grew), ``predict.stream_copy_sms`` (the SMs the copies hold: a
-    green context's SMs or, with ``predict_copy_kernel:lean``, the lean copy kernel's
-    blocks; 0: any) and ``predict.stream_lean_copies`` (parameters copied by the lean
+    green context's SMs under ``predict_copy_kernel:foreach``, or the lean copy
+    kernel's blocks under ``lean``, the default; 0: any) and ``predict.stream_lean_copies`` (parameters copied by the lean
     copy kernel: Note [Lean copies], torch/cuda/_um_copy.py)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:

@@ -62,9 +62,9 @@ struct Config {
   int32_t predict_copy_sms = -1;
   // The kernel of those copies: false is torch._foreach_copy_, true the
   // engine's own (Note [Lean copies], torch/cuda/_um_copy.py), which carries
-  // the link on two SMs. Opt-in: measured faster at full CPU speed, not yet
-  // shown to win in the slow CPU state (bench/README.md, step 29).
-  bool predict_copy_lean = false;
+  // the link on two SMs. The default since bench/README.md step 32: faster in
+  // every benchmark run at full CPU speed; foreach where it cannot be had.
+  bool predict_copy_lean = true;
   // Data its user only reads (parameters in a forward without autograd)
   // comes back to the device as a read-only copy, which leaves without a
   // write-back (Note [Read-only duplicates] in Residency.h). Off by default:
