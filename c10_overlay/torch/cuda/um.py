@@ -1291,8 +1291,9 @@ def predict_stats() -> dict[str, int]:
     ``predict.stream_pressured`` (forwards in which the engine still evicted to make
     room: the target grew), ``predict.stream_copy_sms`` (the SMs the copies hold: a
     green context's SMs under ``predict_copy_kernel:foreach``, or the lean copy
-    kernel's blocks under ``lean``, the default; 0: any) and ``predict.stream_lean_copies`` (parameters copied by the lean
-    copy kernel: Note [Lean copies], torch/cuda/_um_copy.py)."""
+    kernel's blocks under ``lean``, the default; 0: any) and
+    ``predict.stream_lean_copies`` (parameters copied by the lean copy kernel: Note
+    [Lean copies], torch/cuda/_um_copy.py)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())
