@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from bench import common, divergence_probe, oversubscribe, residency, step_time
+from bench import (
+    common,
+    divergence_probe,
+    link_cpu_probe,
+    oversubscribe,
+    residency,
+    step_time,
+)
 
 
 def _step(model: str, mode: str, ms: float) -> dict[str, object]:
@@ -826,3 +833,29 @@ def test_residency_step_clock_keeps_one_entry_per_step() -> None:
     )
     assert all(h <= t for h, t in zip(clock.cpu["host_s"], clock.times, strict=True))
     assert "host_s" not in residency._StepClock().cpu  # training: no host_s
+
+
+def test_link_cpu_probe_reads_steal_and_sorts_canaries_into_phases() -> None:
+    """bench.link_cpu_probe: /proc/stat's steal share, and each phase's canaries against the
+    fastest idle one (a slow load phase shows; readings outside every phase are not counted)."""
+    stat = "cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 10 0 5 80 0 0 0 5 0 0\nintr 1 2\n"
+    later = "cpu  200 0 100 1500 0 0 0 200 0 0\ncpu0 20 0 10 160 0 0 0 10 0 0\n"
+    before, after = link_cpu_probe.cpu_times(stat), link_cpu_probe.cpu_times(later)
+    assert set(before) == {"cpu", "cpu0"}
+    assert link_cpu_probe.steal_share(before["cpu"], after["cpu"]) == pytest.approx(150 / 1000)
+    assert link_cpu_probe.steal_share(before["cpu0"], before["cpu0"]) == 0.0
+    phases = [
+        {"name": "idle", "start": 0.0, "end": 1.0},
+        {"name": "dma-h2d", "start": 1.0, "end": 2.0},
+        {"name": "idle", "start": 2.0, "end": 3.0},
+    ]
+    readings = [(0.2, 0.0010), (0.6, 0.0011), (1.2, 0.0020), (1.5, 0.0021), (1.9, 0.0011)]
+    readings += [(2.5, 0.0012), (7.0, 0.0001)]  # the last after every phase: not counted
+    rows = link_cpu_probe.summarise(readings, phases)
+    assert [r["canaries"] for r in rows] == [2, 3, 1]
+    assert rows[1]["canary_median_ms"] == pytest.approx(2.0)
+    assert rows[1]["slow_share"] == pytest.approx(2 / 3, abs=1e-3)  # over 1.25 x the idle 1.0 ms
+    assert rows[0]["slow_share"] == rows[2]["slow_share"] == 0.0
+    assert "start" not in rows[0]
+    with pytest.raises(common.BenchError, match="idle phase"):
+        link_cpu_probe.summarise([(1.5, 0.001)], phases)
