@@ -15,14 +15,16 @@ bench/README.md step 29). Fewer blocks were better at every count tried (2, 4, 8
 The default (``predict_copy_kernel:lean``) since step 32; ``foreach`` is the old route.
 In the inference benchmark at full CPU speed the streamed forward took 0.0350 s with it
 against 0.0369 with foreach on 16 SMs (step 29), and 0.0330 against 0.0359 with the rest
-of the engine the same (step 32: 1.37x the floor against 1.49x). With the GPU hosts' CPUs
-in their slow state the evidence was mixed: one process that alternated the two routes
-forward by forward took 47.7 ms a forward with this kernel against 43.5 (step 29), another
-38.3 against 38.1 (step 31), and benchmark rounds 0.0384 against 0.0419 and 0.0369
-against 0.0383 (step 32). ``generate()``, whose one-token forwards are bound by the host,
-ran 0.71 s a step against 0.73 at full CPU speed, but its median was 8 % slower, with two
-of six steps in the slow state against none (step 32). Whether this kernel brings the
-slow state on is not settled.
+of the engine the same (step 32: 1.37x the floor against 1.49x). The GPU hosts' CPUs run
+at half to two thirds of their speed at times, and a run's median follows the share of
+its forwards that drew that state; compared forward by forward at the same CPU speed
+(the canary read before each), this kernel was faster in every bin of step 32's three
+inference runs that held several forwards of both. Step 29 had seen it slower in the
+slow state (47.7 ms against 43.5, one process alternating the two routes), step 31 a tie
+(38.3 against 38.1). Does the kernel's reading of host RAM bring the slow state on? Not
+by the link's traffic: ``bench.link_cpu_probe`` (step 32) found the CPU slow as often with
+the machine idle as under these reads. ``generate()``, whose one-token forwards are bound
+by the host, ran 0.71 s a step against 0.73 at full CPU speed (step 32).
 
 It is compiled at run time by NVRTC (``torch.cuda._compile_kernel``), once per device at
 the first streamed copy, and launched with ``cuLaunchKernel`` through ctypes, one launch

@@ -17,12 +17,11 @@ copies go to such a stream (``predict_copy_sms``; auto: an eighth of the SMs, a 
 of 8, at least 8: 16 on an H200) under ``predict_copy_kernel:foreach``. The default,
 ``lean``, replaces foreach by the engine's own copy kernel, which carries the link on two
 SMs (Note [Lean copies], _um_copy.py); these streams then serve where that kernel cannot
-be had. A green context
-limits where its own kernels run, not the rest: the forward's kernels may still use
-every SM. Events order work across the two contexts of the device as within one; a
-device-wide synchronisation of the primary context is not relied on to cover the green
-context's stream: every copy the streamer issues is waited for by the compute stream
-within the forward.
+be had. A green context limits where its own kernels run, not the rest: the forward's
+kernels may still use every SM. Events order work across the two contexts of the device
+as within one; a device-wide synchronisation of the primary context is not relied on to
+cover the green context's stream: every copy the streamer issues is waited for by the
+compute stream within the forward.
 """
 
 from __future__ import annotations

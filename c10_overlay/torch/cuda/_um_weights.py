@@ -70,7 +70,8 @@ timeline): the foreach copy kernels share the SMs with the forward's (its kernel
 0.030 s instead of 0.026 s; copies by cudaMemcpyAsync out of managed memory, which the
 driver runs on SMs too, made the forward slower still; the copies now run on a few SMs:
 Note [Copies on few SMs] in _um_streams.py, 0.051 -> 0.043 s a forward, step 23; on two,
-by a kernel of the engine's own, opt-in: Note [Lean copies] in _um_copy.py, step 29); the
+by a kernel of the engine's own, the default since step 32: Note [Lean copies] in
+_um_copy.py, steps 29 and 32); the
 forward's kernels wait 0.005 s behind a memset, for a reason not known; and the engine
 discards and places again 0.36 GB of the allocator's cached blocks a forward. Growing
 the target until those discards stopped streamed every weight (2.4 GB a forward) and
