@@ -507,9 +507,9 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     (asked for) nor a green context can be had, the weight streamer's copies take the plain
     stream; a count the user asked for by name (not auto, not 0) warns once, naming the
     setting and both reasons; the stream is kept per setting. The kernel is used unless
-    foreach is asked for (predict_copy_kernel:foreach); auto and a count take that many blocks; a
-    parameter it cannot copy goes to foreach, and a failed launch gives the kernel up with
-    one warning, nothing left uncopied. configure() changes the setting of a streamer that
+    foreach is asked for (predict_copy_kernel:foreach); auto and a count take that many
+    blocks; a parameter it cannot copy goes to foreach, and a failed launch gives the
+    kernel up with one warning, nothing left uncopied. configure() changes the setting of a streamer that
     exists at once."""
     _, venv = um
     got = probe(venv, COPY_STREAM_PROBE)
@@ -538,6 +538,58 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     assert got["after_failure"] == ["plain:0:weights", 0]  # foreach from now on
     assert (got["configured"], got["configured_auto"]) == ([8, False], -1)
     assert got["init"] is False
+
+
+ON_STREAM_PROBE = r"""
+import json, torch
+from torch.cuda import _um_streams as S
+
+calls = []
+
+class Fake:
+    def __init__(self, name):
+        self.stream_id, self.device_index, self.device_type = name, 0, 1
+
+class Plain:  # stands in for torch.cuda.stream()'s context manager
+    def __init__(self, stream):
+        self.stream = stream
+    def __enter__(self):
+        calls.append(("enter", self.stream.stream_id))
+    def __exit__(self, *exc):
+        calls.append(("exit", self.stream.stream_id, exc[0].__name__ if exc[0] else None))
+
+S._set_raw = lambda stream_id, device_index, device_type: calls.append(("set", stream_id))
+S._get_device = lambda: 0
+torch.cuda.stream = Plain
+out = {}
+with S.on_stream(Fake("side"), 0, Fake("compute")):
+    calls.append(("work",))
+out["same_device"], calls[:] = list(calls), []
+try:
+    with S.on_stream(Fake("side"), 0, Fake("compute")):
+        raise ValueError("a launch failed")
+except ValueError:
+    pass
+out["raised"], calls[:] = list(calls), []
+with S.on_stream(Fake("side"), 1, Fake("compute")):  # the current device is another
+    calls.append(("work",))
+out["other_device"] = list(calls)
+print(json.dumps(out))
+"""
+
+
+def test_on_stream_switches_raw_on_the_current_device_and_back_when_work_raises(
+    um: tuple[UmPath, Path],
+) -> None:
+    """The weight streamer's copies are queued inside ``_um_streams.on_stream``: on the
+    current device, two raw stream switches (to the side stream, back to the compute
+    stream, also when the work raises); on another device, torch.cuda.stream()'s context
+    manager, which switches the device too."""
+    _, venv = um
+    got = probe(venv, ON_STREAM_PROBE)
+    assert got["same_device"] == [["set", "side"], ["work"], ["set", "compute"]]
+    assert got["raised"] == [["set", "side"], ["set", "compute"]]
+    assert got["other_device"] == [["enter", "side"], ["work"], ["exit", "side", None]]
 
 
 LEAN_PIECES_PROBE = r"""

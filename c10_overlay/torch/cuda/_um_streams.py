@@ -112,20 +112,37 @@ def current_stream(device: int) -> torch.cuda.Stream:
     return s
 
 
-def can_switch(device: int) -> bool:
-    """Whether ``switch_to`` may make a stream of ``device`` current: ``device`` is the
-    current device (``torch._C._cuda_setStream`` would make it current otherwise, and
-    switching back would not undo that), and this torch has the raw call."""
-    return _set_raw is not None and _get_device is not None and _get_device() == device
-
-
-def switch_to(stream: torch.cuda.Stream) -> None:
-    """Make ``stream`` current on its device, which ``can_switch`` said is the current
-    one: what ``torch.cuda.stream(stream)`` does on entry, less its Python bookkeeping.
-    The caller switches back to the stream it left, also when its work raises."""
+def _switch_to(stream: torch.cuda.Stream) -> None:
     assert _set_raw is not None
     _set_raw(
         stream_id=stream.stream_id,
         device_index=stream.device_index,
         device_type=stream.device_type,
     )
+
+
+class on_stream:
+    """``with torch.cuda.stream(stream)`` for a stream of ``device`` whose current stream
+    is ``back`` now, without the context manager's Python bookkeeping where ``device``
+    is the current device: then ``torch._C._cuda_setStream`` switches to ``stream`` and
+    back. Elsewhere (it would make ``device`` current, and switching back would not undo
+    that) or on a torch without the raw calls, the context manager itself."""
+
+    __slots__ = ("_back", "_device", "_plain", "_stream")
+
+    def __init__(self, stream: torch.cuda.Stream, device: int, back: torch.cuda.Stream) -> None:
+        self._stream, self._device, self._back = stream, device, back
+        self._plain: torch.cuda.StreamContext | None = None
+
+    def __enter__(self) -> None:
+        if _set_raw is not None and _get_device is not None and _get_device() == self._device:
+            _switch_to(self._stream)
+        else:
+            self._plain = torch.cuda.stream(self._stream)
+            self._plain.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._plain is None:
+            _switch_to(self._back)
+        else:
+            self._plain.__exit__(*exc)

@@ -116,12 +116,11 @@ from torch.cuda import _um_copy
 from torch.cuda import _um_plan as plan
 from torch.cuda._um_streams import (
     auto_copy_sms,
-    can_switch,
     current_stream,
     few_sm_stream,
     green_failures,
+    on_stream,
     side_stream,
-    switch_to,
 )
 
 MIN_LOOKAHEAD = 32 << 20
@@ -630,33 +629,16 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                     run.ring.parts.forget()  # the forwards before: all queued before this
             for reader in run.ring.parts.readers(copy.span):
                 side.wait_event(reader)
-            if can_switch(run.device):
-                switch_to(side)
-                try:
-                    self._launch(run.device, side, blocks, views, params)
-                finally:
-                    switch_to(compute)
-            else:  # the current device is another: the context manager switches it too
-                with torch.cuda.stream(side):
-                    self._launch(run.device, side, blocks, views, params)
+            with on_stream(side, run.device, compute):
+                # Kernels, not a cudaMemcpyAsync per parameter: the driver runs those on
+                # SMs too out of managed memory, and they slowed the forward more (steps
+                # 15, 29).
+                if blocks:
+                    views, params = self._lean(run.device, side, blocks, views, params)
+                if views:
+                    torch._foreach_copy_(views, params)
             copy.done.record(side)
             run.issued[j] = copy
-
-    def _launch(
-        self,
-        device: int,
-        side: torch.cuda.Stream,
-        blocks: int,
-        views: list[torch.Tensor],
-        params: list[torch.Tensor],
-    ) -> None:
-        """Queue the copies of ``params`` into ``views`` on ``side``, the current stream.
-        Kernels, not a cudaMemcpyAsync per parameter: the driver runs those on SMs too out
-        of managed memory, and they slowed the forward more (steps 15, 29)."""
-        if blocks:
-            views, params = self._lean(device, side, blocks, views, params)
-        if views:
-            torch._foreach_copy_(views, params)
 
     def _lean(
         self,
