@@ -119,6 +119,12 @@ class Cuda:
     def advise(self, ptr: int, n: int, advice: int, where: int = DEVICE) -> None:
         self.check(self.rt.cudaMemAdvise(ptr, n, advice, Location(where, 0)), "cudaMemAdvise")
 
+    def advise_host(self, ptr: int, n: int) -> None:
+        """Where the weight streamer's managed memory lives: preferred in host RAM, and
+        accessed by the GPU there (its kernels read it over the link, no migration)."""
+        self.advise(ptr, n, PREFERRED, HOST)
+        self.advise(ptr, n, ACCESSED_BY, DEVICE)
+
     def sync(self) -> None:
         self.check(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 

@@ -108,7 +108,7 @@ def _watch(cpu: int, stop: Any, out: Any) -> None:
 def _loads(torch: Any, nbytes: int) -> dict[str, Callable[[], int]]:
     """Each load as a function that queues one round of it and returns its bytes over the
     link (0 for ``gpu``); made here so that the memory is allocated once."""
-    from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda
+    from bench.evict_routes import HOST, Cuda
     from bench.overlap_probe import LEAN_SOURCE
     from bench.populate_probe import Span
 
@@ -119,8 +119,7 @@ def _loads(torch: Any, nbytes: int) -> dict[str, Callable[[], int]]:
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     pinned_view = torch.as_tensor(Span(pinned.data_ptr(), nbytes), device="cuda").view(torch.uint8)
     ptr = cuda.managed(nbytes)
-    cuda.advise(ptr, nbytes, PREFERRED, HOST)
-    cuda.advise(ptr, nbytes, ACCESSED_BY, DEVICE)
+    cuda.advise_host(ptr, nbytes)
     cuda.prefetch(ptr, nbytes, HOST)
     cuda.sync()
     managed = torch.as_tensor(Span(ptr, nbytes), device="cuda").view(torch.uint8)

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers = importlib.import_module("transformers")
 
-    from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda
+    from bench.evict_routes import HOST, Cuda
     from bench.populate_probe import Span
 
     cuda = Cuda()
@@ -258,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     pieces = chunks(total, CHUNK, RING)
     rows: list[dict[str, Any]] = []
     with cuda.fresh(total) as ptr, torch.inference_mode():
-        cuda.advise(ptr, total, PREFERRED, HOST)
-        cuda.advise(ptr, total, ACCESSED_BY, DEVICE)
+        cuda.advise_host(ptr, total)
         cuda.prefetch(ptr, total, HOST)
         cuda.sync()
         managed = torch.as_tensor(Span(ptr, total), device="cuda").view(torch.uint8)

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, threaded, timed
+from bench.evict_routes import DEVICE, HOST, Cuda, threaded, timed
 
 GiB = 1 << 30
 COPY_DEFAULT = 4  # cudaMemcpyDefault
@@ -133,8 +133,7 @@ def discard_checks(cuda: Cuda, torch: Any, nbytes: int) -> list[dict[str, Any]]:
     def check(made: str, before: str, after: str, writer: str) -> int:
         """Elements that do not hold the value written after the discard."""
         with cuda.fresh(nbytes) as ptr:
-            cuda.advise(ptr, nbytes, PREFERRED, HOST)
-            cuda.advise(ptr, nbytes, ACCESSED_BY, DEVICE)
+            cuda.advise_host(ptr, nbytes)
             makers[made](ptr)
             cuda.sync()
             t = torch.as_tensor(Span(ptr, nbytes), device="cuda")
@@ -227,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         return torch.as_tensor(Span(ptr, n), device="cuda")
 
     def advise_host(ptr: int) -> None:
-        cuda.advise(ptr, n, PREFERRED, HOST)
-        cuda.advise(ptr, n, ACCESSED_BY, DEVICE)
+        cuda.advise_host(ptr, n)
 
     rows: list[dict[str, Any]] = []
 

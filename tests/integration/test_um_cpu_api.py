@@ -471,7 +471,7 @@ st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30
 # Not asked for (predict_copy_kernel:foreach; lean is the default): foreach, though the
 # kernel is there.
 st.copy_lean = False
-out["not_asked"] = list(st._copy_stream(0))
+out["foreach_asked"] = list(st._copy_stream(0))
 st.copy_lean = True
 out["lean"] = {}
 for setting in (-1, 24, 0):
@@ -525,7 +525,7 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     assert "no NVRTC here" in asked["warnings"][0]
     assert got["failures"] == {"(0, 24)": "RuntimeError: no green contexts here"}
     # Note [Lean copies]: the default; then the kernel's blocks, on the plain side stream.
-    assert got["not_asked"] == ["plain:0:weights", 0]
+    assert got["foreach_asked"] == ["plain:0:weights", 0]
     assert got["lean"] == {
         "-1": ["plain:0:weights", 2, 2],
         "24": ["plain:0:weights", 24, 24],

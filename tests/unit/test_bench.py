@@ -859,3 +859,24 @@ def test_link_cpu_probe_reads_steal_and_sorts_canaries_into_phases() -> None:
     assert "start" not in rows[0]
     with pytest.raises(common.BenchError, match="idle phase"):
         link_cpu_probe.summarise([(1.5, 0.001)], phases)
+
+
+def test_cuda_advise_host_prefers_host_ram_and_lets_the_gpu_read_it_there() -> None:
+    """bench.evict_routes.Cuda.advise_host, the placement the probes give the weight
+    streamer's memory: PreferredLocation host, then AccessedBy the GPU, over the range."""
+    from bench import evict_routes as er
+
+    calls: list[tuple[int, int, int, int]] = []
+
+    class Runtime:
+        def cudaMemAdvise(self, ptr: int, n: int, advice: int, loc: er.Location) -> int:
+            calls.append((ptr, n, advice, loc.type))
+            return 0
+
+    cuda = object.__new__(er.Cuda)
+    cuda.rt = Runtime()  # type: ignore[assignment]  # a stand-in for libcudart
+    cuda.advise_host(4096, 1 << 20)
+    assert calls == [
+        (4096, 1 << 20, er.PREFERRED, er.HOST),
+        (4096, 1 << 20, er.ACCESSED_BY, er.DEVICE),
+    ]
