@@ -686,6 +686,8 @@ PHASE_COUNTERS = (
     "fence_waits",
     "fence_wait_ns",
     "fence_wait_issuing_ns",
+    "forget_bytes",
+    "forgotten_discard_bytes",
 )
 
 

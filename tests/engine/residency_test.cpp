@@ -2,7 +2,8 @@
 // traces, executes its actions on a simulated GPU, and checks the engine's
 // invariants after every step:
 //   - pages on the device never exceed the budget while the engine may act;
-//   - no live byte is ever discarded (a simulated content check);
+//   - no live byte is ever discarded (a simulated content check), but those
+//     of a block whose content was forgotten until its next touch;
 //   - a discarded chunk gets pages before its next use;
 //   - nothing is done while a capture is under way;
 //   - the ledger agrees with where the actions put each chunk;
@@ -49,6 +50,9 @@ struct Sim {
   std::set<uintptr_t> read_mostly; // chunks with ReadMostly set
   uintptr_t next_base = 1ull << 36; // for segments of trainingLoop
   std::map<uintptr_t, uint64_t> live; // block addr -> size
+  // live blocks whose content was forgotten and not touched since (Note
+  // [Forgotten content]): their bytes may be discarded
+  std::set<uintptr_t> forgotten;
   std::map<uintptr_t, uint64_t> segs; // segment base -> size
   uint64_t actions = 0;
   std::vector<Action> last; // the actions of the last call
@@ -61,9 +65,10 @@ struct Sim {
     lim.read_copies = true;
   }
 
-  bool overlapsLive(uintptr_t lo, uintptr_t hi, uintptr_t except) const {
+  // `content`: only blocks whose content must survive (not forgotten).
+  bool overlapsLive(uintptr_t lo, uintptr_t hi, uintptr_t except, bool content = false) const {
     for (const auto& [a, n] : live) {
-      if (a != except && a < hi && lo < a + n) {
+      if (a != except && !(content && forgotten.count(a)) && a < hi && lo < a + n) {
         return true;
       }
     }
@@ -126,12 +131,12 @@ struct Sim {
         }
         switch (a.kind) {
           case Action::Discard:
-            CHECK(!overlapsLive(c, hi, 0), "discard of a live chunk");
+            CHECK(!overlapsLive(c, hi, 0, true), "discard of a live chunk");
             phys[c] = Phys::None;
             break;
           case Action::DiscardAndPrefetch:
           case Action::PlaceOnHost:
-            CHECK(!overlapsLive(c, hi, allocating),
+            CHECK(!overlapsLive(c, hi, allocating, true),
                   "%s over another live block", actionName(a.kind));
             phys[c] = a.kind == Action::PlaceOnHost ? Phys::Host : Phys::Device;
             break;
@@ -233,14 +238,19 @@ struct Sim {
   // a death]).
   bool alloc(uintptr_t addr, uint64_t size, bool pool = false) {
     std::vector<Action> out;
-    bool was_dead = false;
+    bool was_dead = false, forgotten_there = false;
     for (uintptr_t c = addr - (addr % kChunkBytes); c < addr + size; c += kChunkBytes) {
       was_dead = was_dead || r.liveBytesAt(c) == 0;
+      for (uintptr_t f : forgotten) {
+        forgotten_there = forgotten_there || (f < c + kChunkBytes && c < f + live.at(f));
+      }
     }
     const bool revived = r.onAlloc(addr, size, stream, policy, lim, out, pool);
     // A pending discard of a dead chunk (decided by another thread) must be
     // queued before the block's first kernel: the engine waits when told.
-    CHECK(revived == was_dead, "onAlloc did not report reviving a dead chunk");
+    // A chunk whose content was forgotten may have one pending as well.
+    CHECK(revived == was_dead || (revived && forgotten_there),
+          "onAlloc did not report reviving a dead chunk");
     if (!apply(out, addr)) {
       return false;
     }
@@ -256,7 +266,16 @@ struct Sim {
   bool free(uintptr_t addr) {
     r.onFree(addr, live.at(addr));
     live.erase(addr);
+    forgotten.erase(addr);
     return invariants("free");
+  }
+
+  // Note [Forgotten content]: the block's owner overwrites it before any
+  // read, which comes after its next touch.
+  uint64_t forgetContent(uintptr_t addr) {
+    forgotten.insert(addr);
+    const uint64_t marked = r.forget(addr, live.at(addr));
+    return invariants("forget") ? marked : ~0ull;
   }
 
   // A graph pool's block the allocator takes back while a replay's output
@@ -282,6 +301,13 @@ struct Sim {
     r.touch(addr, live.at(addr), 0, stream, policy, lim, out, read_only);
     if (!apply(out, 0)) {
       return false;
+    }
+    // A forgotten block's touch is its owner's write coming: every chunk
+    // under it has pages again.
+    if (forgotten.erase(addr) && lim.can_act) {
+      for (uintptr_t c = addr - (addr % kChunkBytes); c < addr + live.at(addr); c += kChunkBytes) {
+        CHECK(phys.at(c) != Phys::None, "a forgotten chunk was touched without pages");
+      }
     }
     for (uintptr_t c : read_mostly) {
       CHECK(r.whereIs(c) == Where::Device, "ReadMostly set on a chunk off the device");
@@ -333,7 +359,11 @@ bool randomTrace(uint64_t seed) {
     } else if (!s.live.empty()) {
       auto it = s.live.begin();
       std::advance(it, rnd.rng() % s.live.size());
-      if (!s.touch(it->first, rnd.rng() % 3 == 0)) return false;
+      if (rnd.rng() % 4 == 0) {
+        if (s.forgetContent(it->first) == ~0ull) return false;
+      } else if (!s.touch(it->first, rnd.rng() % 3 == 0)) {
+        return false;
+      }
     }
   }
   return true;
@@ -569,6 +599,72 @@ bool stepTouchBringsBackAnUntouchedBlock(bool step_touches) {
   return true;
 }
 
+// Note [Forgotten content] and Note [DDP's buckets between steps]
+// (torch/cuda/_um_ddp.py): DDP's bucket, forgotten at each forward's start,
+// leaves by discard when the forward needs room and comes back by
+// discard-and-prefetch at the backward's touch, never by a copy either way.
+// Its last chunk shares bytes with a small live block of another owner: that
+// chunk is never forgotten, so its bytes are evicted and brought back as
+// live data, and the sim's content check fails if they are discarded.
+bool forgottenBucketLeavesWithoutACopy(bool forget) {
+  Sim s;
+  s.lim.budget = 10 * kChunkBytes;
+  const uintptr_t bucket = 1ull << 32, params = 1ull << 33, pool = 1ull << 34;
+  const uint64_t bucket_bytes = 3 * kChunkBytes - 4096;
+  if (!s.addSegment(bucket, 3 * kChunkBytes)) return false;
+  if (!s.alloc(bucket, bucket_bytes)) return false;
+  if (!s.alloc(bucket + bucket_bytes, 4096)) return false; // the neighbour
+  if (!s.addSegment(params, 2 * kChunkBytes)) return false;
+  if (!s.alloc(params, 2 * kChunkBytes)) return false;
+  if (!s.addSegment(pool, 6 * kChunkBytes)) return false;
+  uint64_t bucket_evicted = 0, bucket_discarded = 0;
+  auto count = [&] {
+    for (const Action& a : s.last) {
+      if (a.addr < bucket + 2 * kChunkBytes && bucket < a.addr + a.size) {
+        const uint64_t n = std::min<uintptr_t>(a.addr + a.size, bucket + 2 * kChunkBytes) -
+            std::max<uintptr_t>(a.addr, bucket);
+        bucket_evicted += a.kind == Action::EvictToHost ? n : 0;
+        bucket_discarded += a.kind == Action::Discard ? n : 0;
+      }
+    }
+  };
+  for (int step = 0; step < 5; ++step) {
+    if (forget) {
+      const uint64_t marked = s.forgetContent(bucket);
+      CHECK(marked == 2 * kChunkBytes, "step %d: %llu bytes forgotten, the bucket's own "
+            "chunks are 2", step, (unsigned long long)marked);
+    }
+    if (!s.touch(params)) return false;
+    for (uint64_t l = 0; l < 6; ++l) {
+      if (!s.alloc(pool + l * kChunkBytes, kChunkBytes)) return false;
+      count();
+    }
+    for (uint64_t l = 6; l-- > 0;) {
+      if (!s.touch(pool + l * kChunkBytes)) return false;
+      count();
+      if (l == 3) {  // the backward reaches the bucket's parameters
+        if (!s.touch(bucket)) return false;
+        count();
+      }
+      if (!s.free(pool + l * kChunkBytes)) return false;
+    }
+    if (!s.touch(bucket)) return false;  // the step
+    count();
+    if (!s.touch(bucket + bucket_bytes)) return false;
+    count();
+  }
+  if (forget) {
+    CHECK(bucket_evicted == 0, "%llu bytes of the forgotten bucket were evicted",
+          (unsigned long long)bucket_evicted);
+    CHECK(bucket_discarded > 0, "the forward never took the bucket's room: nothing was tested");
+    CHECK(s.r.liveBytesAt(bucket) == kChunkBytes, "forgetting changed the live count");
+  } else {
+    CHECK(bucket_evicted > 0, "the bucket was never evicted: nothing to compare with");
+  }
+  CHECK(s.r.whereIs(bucket) == Where::Device, "the bucket is not back for the step");
+  return true;
+}
+
 // Inference past the budget: weights read layer by layer, forward after
 // forward. Read-only touches bring them back as duplicates and they leave by
 // dropping the duplicate; nothing is written back.
@@ -748,6 +844,10 @@ int main() {
        [] { return stepTouchBringsBackAnUntouchedBlock(false); }},
       {"a step's touch brings it back every step",
        [] { return stepTouchBringsBackAnUntouchedBlock(true); }},
+      {"a bucket not forgotten leaves by copy",
+       [] { return forgottenBucketLeavesWithoutACopy(false); }},
+      {"a forgotten bucket leaves and comes back without a copy",
+       [] { return forgottenBucketLeavesWithoutACopy(true); }},
   };
   int run = 0;
   for (const Case& c : cases) {

@@ -488,6 +488,73 @@ def test_gradients_kept_in_host_ram_come_back_for_the_step(
     assert all(torch.equal(a, b) for a, b in zip(under, in_memory, strict=True))
 
 
+def _ddp_run(store: str, um: Any = None) -> list[Any]:
+    """Seven AdamW steps of a 6-layer MLP under DistributedDataParallel with one rank
+    (NCCL) and bucket views, 16 MiB buckets; ``zero_grad(set_to_none=True)`` after each
+    step but the fifth, whose zeroed gradients stay (live bytes, accumulated into by the
+    sixth backward). Returns the final weights."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", store=dist.FileStore(store, 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(11)
+        blocks = [torch.nn.Sequential(torch.nn.Linear(1536, 1536), torch.nn.Tanh())
+                  for _ in range(6)]
+        model = torch.nn.Sequential(*blocks).cuda()
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[torch.cuda.current_device()], gradient_as_bucket_view=True,
+            bucket_cap_mb=16,
+        )
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        x = torch.randn(4096, 1536, device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(12))
+        for step in range(7):
+            if step == 1 and um is not None:
+                _await_hooks(um)
+            ddp(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=step != 4)
+        torch.cuda.synchronize()
+        return [p.detach().cpu() for p in model.parameters()]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_buckets_forgotten_between_steps_match_in_memory(
+    torch_mod: Any, um: Any, limits: Limits, tmp_path: Any
+) -> None:
+    """Note [DDP's buckets between steps] (torch/cuda/_um_ddp.py): past the budget, DDP's
+    buckets are forgotten at each forward and touched back by the gradient hooks before
+    the reducer writes them; some of their chunks leave the device by discard; the
+    weights are bit for bit those of the run in memory, also across a step whose zeroed
+    gradients were kept (nothing forgotten there)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_nccl_available():
+        pytest.skip("torch.distributed with NCCL is missing")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        release_cache(torch)
+        um.configure(device_budget="90%")
+        in_memory = _ddp_run(str(tmp_path / "in-memory"))
+        _tiny_budget(um)
+        um.configure(predict=True)
+        before, st_before = um.predict_stats(), um.stats()
+        under = _ddp_run(str(tmp_path / "under"), um)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    got, st = um.predict_stats(), um.stats()
+    change = {k: got.get(k, 0) - before.get(k, 0) for k in got if k.startswith("predict.ddp_")}
+    for k in ("um.forget_bytes", "um.forgotten_discard_bytes"):
+        change[k] = st[k] - st_before[k]
+    print(f"[um] DDP buckets: {change}")
+    assert all(torch.equal(a, b) for a, b in zip(under, in_memory, strict=True))
+    assert change["predict.ddp_forgotten"] > 0
+    assert change["predict.ddp_touched"] == change["predict.ddp_forgotten"]
+    assert change["um.forget_bytes"] > 0
+    assert change["um.forgotten_discard_bytes"] > 0
+
+
 def test_compiled_training_with_predict_matches_in_memory(
     torch_mod: Any, um: Any, limits: Limits
 ) -> None:

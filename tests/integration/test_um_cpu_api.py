@@ -27,8 +27,8 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
-    "predict, predict_lookahead, predict_copy_sms, predict_copy_kernel, read_copies, host_alloc, "
-    "host_alloc_min, pin_in_place."
+    "predict, predict_lookahead, predict_copy_sms, predict_copy_kernel, predict_ddp_buckets, "
+    "read_copies, host_alloc, host_alloc_min, pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
 RESIDENCY = {
@@ -39,6 +39,7 @@ RESIDENCY = {
     "predict_lookahead": str(1 << 30),
     "predict_copy_sms": "auto",
     "predict_copy_kernel": "lean",
+    "predict_ddp_buckets": "True",
     "read_copies": "False",
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
@@ -694,3 +695,120 @@ def test_configure_changes_the_installed_hooks_at_once(um: tuple[UmPath, Path]) 
     assert got["hooks_off"] == [False, 0]
     assert got["hooks_on"] == [False, 0]
     assert got["init"] is False
+
+
+DDP_BUCKETS_PROBE = r"""
+import json, os, tempfile, warnings, torch
+import torch.distributed as dist
+from torch.cuda import _um_ddp
+
+dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+log = []
+def forget(ptr, size):
+    log.append(["forget", ptr, size])
+    return size
+def touch(ranges):
+    log.append(["touch", sorted([r[0], r[1]] for r in ranges)])
+
+def model(find_unused=False):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+    return torch.nn.parallel.DistributedDataParallel(
+        net, gradient_as_bucket_view=True, bucket_cap_mb=0.3, find_unused_parameters=find_unused)
+
+def storages(params):
+    return sorted({(p.grad.untyped_storage().data_ptr(), p.grad.untyped_storage().nbytes())
+                   for p in params})
+
+x = torch.randn(16, 256)
+out = {"iters": []}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    ddp = model()
+    params = list(ddp.parameters())
+    b = _um_ddp.Buckets(forget, touch)
+    opt = torch.optim.SGD(params, lr=0.1)
+    for it in range(5):
+        log.clear()
+        b.enter(ddp)
+        forgets = [[e[1], e[2]] for e in log if e[0] == "forget"]
+        log.clear()
+        ddp(x).pow(2).sum().backward()
+        touched = [r for e in log if e[0] == "touch" for r in e[1]]
+        out["iters"].append({"forgets": sorted(forgets), "touched": touched,
+                             "storages": [list(s) for s in storages(params)]})
+        b.stepped([p for p in params if p.grad is not None])
+        opt.step()
+        opt.zero_grad(set_to_none=(it != 2))  # it 2 keeps its zeroed gradients: live bytes
+    out["counters"] = b.counters()
+
+    # The hooks come off between a forward's forgetting and its backward.
+    ddp2 = model()
+    p2 = list(ddp2.parameters())
+    b2 = _um_ddp.Buckets(forget, touch)
+    opt2 = torch.optim.SGD(p2, lr=0.1)
+    for it in range(2):
+        b2.enter(ddp2)
+        ddp2(x).pow(2).sum().backward()
+        b2.stepped(p2)
+        opt2.step()
+        opt2.zero_grad()
+    log.clear()
+    b2.enter(ddp2)
+    forgot = sorted([e[1], e[2]] for e in log if e[0] == "forget")
+    log.clear()
+    b2.drop()
+    dropped = [r for e in log if e[0] == "touch" for r in e[1]]
+    log.clear()
+    ddp2(x).pow(2).sum().backward()
+    out["drop"] = {"forgot": forgot, "dropped": sorted(dropped),
+                   "after": [e for e in log if e[0] == "touch"]}
+
+    # find_unused_parameters: the reducer writes views no gradient hook precedes.
+    ddp3 = model(find_unused=True)
+    p3 = list(ddp3.parameters())
+    b3 = _um_ddp.Buckets(forget, touch)
+    log.clear()
+    for it in range(3):
+        b3.enter(ddp3)
+        ddp3(x).pow(2).sum().backward()
+        b3.stepped(p3)
+        for p in p3:
+            p.grad = None
+    out["unused"] = {"log": log, "counters": b3.counters()}
+out["warnings"] = [str(w.message) for w in caught if "um" in str(w.message).lower()]
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def test_ddp_buckets_are_forgotten_when_dropped_and_touched_before_written(
+    um: tuple[UmPath, Path],
+) -> None:
+    """Note [DDP's buckets between steps], with a real DistributedDataParallel (gloo, one
+    rank, on the CPU) and the engine stood in for: a forward forgets exactly the buckets
+    its last step read and ``zero_grad()`` then dropped, once each; its backward touches
+    each of them once, before the reducer writes it; zeroed gradients kept
+    (``set_to_none=False``) are live and nothing is forgotten; when the hooks come off
+    between the forgetting and the backward, every forgotten bucket is touched at once
+    and the backward touches nothing; ``find_unused_parameters=True`` forgets nothing."""
+    _, venv = um
+    got = probe(venv, DDP_BUCKETS_PROBE)
+    iters = got["iters"]
+    assert iters[0]["forgets"] == [] and iters[0]["touched"] == []
+    for it in (1, 2):  # the buckets the step before read, each forgotten and touched once
+        assert iters[it]["forgets"] == iters[it - 1]["storages"], it
+        assert sorted(iters[it]["touched"]) == iters[it - 1]["storages"], it
+        assert len(iters[it]["storages"]) >= 2, "one bucket: the test would not tell them apart"
+    assert iters[3]["forgets"] == [] and iters[3]["touched"] == []  # zeroed, kept: live
+    assert iters[4]["forgets"] == iters[3]["storages"]
+    c = got["counters"]
+    n = sum(len(i["forgets"]) for i in iters)
+    assert c["predict.ddp_forgotten"] == n == c["predict.ddp_touched"]
+    assert c["predict.ddp_forgotten_bytes"] == sum(s for i in iters for _, s in i["forgets"])
+    drop = got["drop"]
+    assert drop["forgot"] and drop["dropped"] == drop["forgot"]
+    assert drop["after"] == []
+    assert got["unused"]["log"] == []
+    assert got["unused"]["counters"]["predict.ddp_forgotten"] == 0
+    assert got["warnings"] == []

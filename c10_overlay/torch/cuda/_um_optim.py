@@ -105,6 +105,9 @@ ELEMENTWISE = frozenset({"Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax",
 
 Room = Callable[[int], int]  # device index -> free bytes under the budget
 Touch = Callable[[list[torch.Tensor]], None]  # report tensors as about to be used
+# told the parameters a step will read the gradients of (Note [DDP's buckets between
+# steps], torch/cuda/_um_ddp.py)
+Seen = Callable[[list[torch.Tensor]], None]
 
 
 def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -131,9 +134,10 @@ class _Swap:
 class Stager:
     """The pre- and post-hook of Note [Optimizer state staging]; one per process."""
 
-    def __init__(self, room: Room, touch: Touch) -> None:
+    def __init__(self, room: Room, touch: Touch, seen: Seen | None = None) -> None:
         self._room = room
         self._touch = touch
+        self.seen = seen
         self._lock = threading.Lock()
         self._held: dict[int, list[list[Any]]] = {}  # id(optimizer) -> the groups' params
         self.active = True
@@ -186,6 +190,8 @@ class Stager:
         if not torch.compiler.is_compiling():
             try:
                 self._touch([p.grad for p in params if p.grad.layout == torch.strided])
+                if self.seen is not None:
+                    self.seen(params)
             except RuntimeError:  # a gradient whose storage cannot be read: advice only
                 with self._lock:
                     self.stats["touch_failures"] += 1

@@ -144,6 +144,8 @@ class _Stats(ctypes.Structure):
             "fence_waits",
             "fence_wait_ns",
             "fence_wait_issuing_ns",
+            "forget_bytes",
+            "forgotten_discard_bytes",
         )
     ]
 
@@ -199,6 +201,7 @@ def _bind(lib: ctypes.CDLL) -> None:
             [c.c_void_p, c.c_size_t, c.c_int, c.c_int, c.c_char_p, c.c_size_t],
         ),
         "torch_um_touch": (c.c_longlong, [c.c_void_p, c.c_size_t, c.c_int, c.c_void_p, c.c_int]),
+        "torch_um_forget": (c.c_longlong, [c.c_void_p, c.c_size_t]),
         "torch_um_under_pressure": (c.c_int, []),
         "torch_um_host_room": (c.c_uint64, []),
         "torch_um_attach_events": (c.c_int, [c.c_char_p, c.c_size_t]),
@@ -324,6 +327,7 @@ def configure(
     predict_lookahead: Size | None = None,
     predict_copy_sms: int | str | None = None,
     predict_copy_kernel: str | None = None,
+    predict_ddp_buckets: bool | None = None,
     read_copies: bool | None = None,
     host_alloc: str | None = None,
     host_alloc_min: Size | None = None,
@@ -363,6 +367,7 @@ def configure(
         ("discard", discard),
         ("hooks", hooks),
         ("predict", predict),
+        ("predict_ddp_buckets", predict_ddp_buckets),
         ("read_copies", read_copies),
         ("pin_in_place", pin_in_place),
     ):
@@ -979,6 +984,8 @@ def _own_tensors(module: Module) -> list[object]:
 
 def _pre_forward(module: Module, args: object) -> None:
     if torch.is_grad_enabled():
+        if _ddp_type is not None and isinstance(module, _ddp_type):
+            _buckets.enter(module)  # Note [DDP's buckets between steps]
         own = _own_tensors(module)
         if own:
             _touch(_ranges_of(own))
@@ -1031,7 +1038,7 @@ def _post_forward(module: Module, args: object, output: object) -> None:
 
 
 # The settings that decide which hooks are installed (_hooks_wanted, _register_hooks).
-_HOOK_KEYS = ("enabled", "policy", "hooks", "predict")
+_HOOK_KEYS = ("enabled", "policy", "hooks", "predict", "predict_ddp_buckets")
 # Install and removal: the pressure watcher's thread and configure() on the program's.
 _hooks_lock = threading.RLock()
 
@@ -1106,7 +1113,9 @@ def _register_hooks() -> None:
         _hook_handles.append(
             nn_module.register_module_forward_hook(offloader.exit, always_call=True)
         )
-        _hook_handles.extend(_optimizer_stager(_free_room, _touch_tensors).install())
+        stager = _optimizer_stager(_free_room, _touch_tensors)
+        stager.seen = _watch_ddp_buckets()
+        _hook_handles.extend(stager.install())
 
 
 def _remove_hooks() -> None:
@@ -1121,6 +1130,7 @@ def _remove_hooks() -> None:
             _streamer.active = False
             _streamer.abandon_runs()
             _streamer.drop_rings()
+        _drop_ddp_buckets()
         while _hook_handles:
             handle = _hook_handles.pop()
             handle.remove()  # type: ignore[attr-defined]
@@ -1203,6 +1213,39 @@ def _optimizer_stager(room: Any, touch: Any) -> Any:
 
 
 _streamer: Any = None
+
+# Note [DDP's buckets between steps] (torch/cuda/_um_ddp.py): the process's Buckets, and
+# the DDP class _pre_forward looks for while it is on (None: off).
+_buckets: Any = None
+_ddp_type: type | None = None
+
+
+def _forget(ptr: int, size: int) -> int:
+    return int(_lib.torch_um_forget(ptr, size)) if _lib is not None else 0
+
+
+def _watch_ddp_buckets() -> Any:
+    """With ``predict_ddp_buckets:True`` and torch.distributed: the process's Buckets,
+    made on first use and switched on, with _pre_forward watching for DDP modules; its
+    ``stepped`` is the optimizer stager's ``seen``. Else None."""
+    global _buckets, _ddp_type
+    if get_config().get("predict_ddp_buckets") != "True" or not torch.distributed.is_available():
+        return None
+    from torch.cuda import _um_ddp
+    from torch.nn.parallel import DistributedDataParallel
+
+    if _buckets is None:
+        _buckets = _um_ddp.Buckets(_forget, _touch)
+    _buckets.active = True
+    _ddp_type = DistributedDataParallel
+    return _buckets.stepped
+
+
+def _drop_ddp_buckets() -> None:
+    global _ddp_type
+    _ddp_type = None
+    if _buckets is not None:
+        _buckets.drop()
 
 
 def _send_to_host(tensors: list[torch.Tensor]) -> None:
@@ -1293,12 +1336,20 @@ def predict_stats() -> dict[str, int]:
     green context's SMs under ``predict_copy_kernel:foreach``, or the lean copy
     kernel's blocks under ``lean``, the default; 0: any) and
     ``predict.stream_lean_copies`` (parameters copied by the lean copy kernel: Note
-    [Lean copies], torch/cuda/_um_copy.py)."""
+    [Lean copies], torch/cuda/_um_copy.py); and of DistributedDataParallel's buckets
+    (``predict_ddp_buckets``, Note [DDP's buckets between steps],
+    torch/cuda/_um_ddp.py): ``predict.ddp_forgotten`` / ``predict.ddp_forgotten_bytes``
+    (buckets forgotten at a forward's start, and the bytes the engine marked; the
+    engine's ``um.forgotten_discard_bytes`` counts those that then left the device
+    without a copy) and ``predict.ddp_touched`` (forgotten buckets touched back by a
+    gradient hook)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())
     if _streamer is not None:
         out.update(_streamer.counters())
+    if _buckets is not None:
+        out.update(_buckets.counters())
     return out
 
 

@@ -357,6 +357,14 @@ TORCH_UM_API long long torch_um_touch(
   }
 }
 
+TORCH_UM_API long long torch_um_forget(const void* ptr, size_t size) {
+  try {
+    return static_cast<long long>(Engine::get().forget(ptr, size));
+  } catch (...) {
+    return -1;
+  }
+}
+
 TORCH_UM_API int torch_um_under_pressure(void) {
   try {
     return Engine::get().underPressure() ? 1 : 0;

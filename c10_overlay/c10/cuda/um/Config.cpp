@@ -15,8 +15,8 @@ namespace {
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
     "discard, hooks, predict, predict_lookahead, predict_copy_sms, "
-    "predict_copy_kernel, read_copies, host_alloc, host_alloc_min, "
-    "pin_in_place";
+    "predict_copy_kernel, predict_ddp_buckets, read_copies, host_alloc, "
+    "host_alloc_min, pin_in_place";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -196,6 +196,8 @@ std::string Config::str() const {
                             : std::to_string(predict_copy_sms);
   s += ",predict_copy_kernel:";
   s += predict_copy_lean ? "lean" : "foreach";
+  s += ",predict_ddp_buckets:";
+  s += predict_ddp_buckets ? "True" : "False";
   s += ",read_copies:";
   s += read_copies ? "True" : "False";
   s += ",host_alloc:";
@@ -238,6 +240,8 @@ Config parseConfig(
       cfg.hooks = parseBool(key, value, source);
     } else if (key == "predict") {
       cfg.predict = parseBool(key, value, source);
+    } else if (key == "predict_ddp_buckets") {
+      cfg.predict_ddp_buckets = parseBool(key, value, source);
     } else if (key == "predict_lookahead") {
       cfg.predict_lookahead = requireBytes(key, value, source);
       TORCH_CHECK(

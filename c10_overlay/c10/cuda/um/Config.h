@@ -65,6 +65,12 @@ struct Config {
   // the link on two SMs. The default since bench/README.md step 32: faster in
   // every benchmark run at full CPU speed; foreach where it cannot be had.
   bool predict_copy_lean = true;
+  // With predict: DistributedDataParallel's gradient buckets
+  // (gradient_as_bucket_view) are forgotten between a step and the next
+  // backward, which overwrites them, so that they leave the device without
+  // a copy and come back without one (Note [DDP's buckets between steps],
+  // torch/cuda/_um_ddp.py).
+  bool predict_ddp_buckets = true;
   // Data its user only reads (parameters in a forward without autograd)
   // comes back to the device as a read-only copy, which leaves without a
   // write-back (Note [Read-only duplicates] in Residency.h). Off by default:

@@ -163,6 +163,14 @@ uint64_t Engine::touch(
   return moved;
 }
 
+uint64_t Engine::forget(const void* ptr, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!cfg_.lru) {
+    return 0;
+  }
+  return residency_.forget(reinterpret_cast<uintptr_t>(ptr), size);
+}
+
 cudaError_t Engine::allocSegment(
     void** ptr,
     size_t size,
@@ -613,6 +621,8 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.fence_wait_ns = ex.fence_wait_nanoseconds;
   s.fence_wait_issuing_ns = ex.fence_wait_issuing_nanoseconds;
   s.evict_ranges = ex.evict_ranges;
+  s.forget_bytes = rc.forget_bytes;
+  s.forgotten_discard_bytes = rc.forgotten_discard_bytes;
   return s;
 }
 

@@ -78,6 +78,11 @@ class Engine {
       int device,
       cudaStream_t stream,
       bool read_only = false);
+  // Note [Forgotten content] (Residency.h): the content of live
+  // [ptr, ptr+size) is dead until its next touch. Policy lru only (elsewhere
+  // no touch ends it); memory that is not an engine segment is ignored.
+  // Returns the bytes marked.
+  uint64_t forget(const void* ptr, size_t size);
   // Note [Managed host memory] (HostAllocator.h). A managed allocation of
   // `size` bytes placed in host RAM (PreferredLocation=host), counted under
   // max_managed; nullptr when the engine declines (UM off, a fork()ed child

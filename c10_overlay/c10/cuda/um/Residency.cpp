@@ -207,6 +207,9 @@ void Residency::setWhere(Segment& seg, size_t i, Where to) {
 void Residency::setLive(Segment& seg, size_t i, uint32_t live, bool retick) {
   Chunk& c = seg.chunks[i];
   const bool was_dead = seg.dead(i);
+  // A block event over the chunk ends what forget() said of it (Note
+  // [Forgotten content]); was_dead above is the order it is in now.
+  c.stale = false;
   const bool now_dead = seg.tracked && live == 0;
   if (now_dead && !was_dead && c.evicted_live) {
     counters_.evicted_unused_bytes += seg.chunkSize(i);
@@ -229,6 +232,14 @@ void Residency::retouch(Segment& seg, size_t i, bool scan) {
   seg.chunks[i].tick = tick_;
   seg.chunks[i].scan = scan;
   link(seg, i);
+}
+
+void Residency::unstale(Segment& seg, size_t i) {
+  if (seg.chunks[i].stale) {
+    unlink(seg, i);
+    seg.chunks[i].stale = false;
+    link(seg, i);
+  }
 }
 
 void Residency::emit(
@@ -436,6 +447,7 @@ uint64_t Residency::leave(
          c.evicted_in);
     counters_.discards += 1;
     counters_.discard_bytes += sz;
+    counters_.forgotten_discard_bytes += c.stale ? sz : 0;
     c.discarded = true;
   } else {
     // Ordered after the work queued so far on the stream of the chunk's
@@ -486,7 +498,7 @@ uint64_t Residency::bringIn(
     if (c.where != Where::Host) {
       continue;
     }
-    if (!dead_content && seg.dead(i)) {
+    if (!dead_content && seg.dead(i) && !c.stale) {
       // A use of live data never moves (or discards) a dead chunk: the
       // toucher's stream is not its blocks' stream, and nothing reads it.
       continue;
@@ -501,18 +513,21 @@ uint64_t Residency::bringIn(
              seg.device, stream, c.evicted_in);
         c.discarded = false;
       }
+      c.stale = false; // in host RAM: in no order
       continue;
     }
     // A duplicate needs valid host pages to copy.
     const bool host_valid = !c.discarded;
     c.discarded = false;
     // Discarding is safe when no live byte of the chunk survives the
-    // toucher's write: the chunk is dead, or only the touched block lives
-    // there and the toucher overwrites all of it.
+    // toucher's write: the chunk is dead, its content was forgotten (Note
+    // [Forgotten content]), or only the touched block lives there and the
+    // toucher overwrites all of it.
     const uintptr_t clo = seg.chunkAddr(i);
     const uint64_t mine = overlap(lo, hi, clo, clo + sz);
     const bool discardable = seg.tracked && limits.discard &&
-        (c.live == 0 || (dead_content && c.live == mine));
+        (c.live == 0 || c.stale || (dead_content && c.live == mine));
+    c.stale = false; // in host RAM until setWhere below: in no order
     if (discardable) {
       emit(out, seg.base, Action::DiscardAndPrefetch, clo, sz, seg.device,
            stream, c.evicted_in);
@@ -608,10 +623,15 @@ void Residency::onFree(uintptr_t addr, uint64_t size, bool replayed) {
     return;
   }
   seg->replayed = seg->replayed || replayed;
-  if (seg->replayed) {
-    return; // Note [Graph pools: a free is not a death]
-  }
   const auto [hi, first, last] = seg->span(addr, size);
+  if (seg->replayed) {
+    // Note [Graph pools: a free is not a death]; an event over a chunk still
+    // ends what forget() said of it (Note [Forgotten content]).
+    for (size_t i = first; i < last; ++i) {
+      unstale(*seg, i);
+    }
+    return;
+  }
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];
     const uintptr_t clo = seg->chunkAddr(i);
@@ -631,16 +651,25 @@ uint64_t Residency::touch(
     std::vector<Action>& out,
     bool read_only) {
   Segment* seg = find(addr);
-  if (seg == nullptr || size == 0 || !limits.can_act) {
+  if (seg == nullptr || size == 0) {
     return 0;
   }
   const auto [hi, first, last] = seg->span(addr, size);
+  if (!limits.can_act) {
+    // Nothing moves, but the toucher's write is coming: a forgotten chunk
+    // left in the dead order would be discarded over it later.
+    for (size_t i = first; i < last; ++i) {
+      unstale(*seg, i);
+    }
+    return 0;
+  }
   counters_.touches += 1;
   if (device != seg->device) {
     // The ledger follows each segment on its own device only: a move to
     // another GPU is made as asked, and counted as having left this one.
     for (size_t i = first; i < last; ++i) {
       dropDuplicate(*seg, i, stream, out);
+      seg->chunks[i].stale = false; // Note [Forgotten content]; relinked below
       setWhere(*seg, i, Where::Host);
     }
     emit(out, seg->base, Action::PrefetchToDevice, addr, hi - addr, device, stream);
@@ -651,8 +680,14 @@ uint64_t Residency::touch(
   uint64_t need = 0;
   const bool scan = read_only && policy == Policy::Lru;
   for (size_t i = first; i < last; ++i) {
+    Chunk& c = seg->chunks[i];
+    if (c.where != Where::Host) {
+      // Note [Forgotten content]: the touch ends it. A chunk in host RAM
+      // keeps the mark until bringIn decides how it comes back.
+      c.stale = false;
+    }
     retouch(*seg, i, scan);
-    if (seg->chunks[i].where == Where::Host) {
+    if (c.where == Where::Host) {
       need += seg->chunkSize(i);
     }
   }
@@ -673,6 +708,32 @@ uint64_t Residency::touch(
   }
   return bringIn(*seg, first, last, stream, /*dead_content=*/false, addr, hi,
                  lim, out, scan && limits.read_copies);
+}
+
+uint64_t Residency::forget(uintptr_t addr, uint64_t size) {
+  Segment* seg = find(addr);
+  if (seg == nullptr || size == 0 || !seg->tracked || seg->replayed) {
+    return 0;
+  }
+  const auto [hi, first, last] = seg->span(addr, size);
+  uint64_t marked = 0;
+  for (size_t i = first; i < last; ++i) {
+    Chunk& c = seg->chunks[i];
+    const uintptr_t clo = seg->chunkAddr(i);
+    const uint64_t sz = seg->chunkSize(i);
+    // Every live byte of the chunk must be the range's: the range is live
+    // (the caller's word), so its part of the chunk is live, and a chunk
+    // with more live bytes than that shares them with another block.
+    if (c.stale || c.live == 0 || c.live != overlap(addr, hi, clo, clo + sz)) {
+      continue;
+    }
+    unlink(*seg, i);
+    c.stale = true;
+    link(*seg, i);
+    marked += sz;
+  }
+  counters_.forget_bytes += marked;
+  return marked;
 }
 
 uint64_t Residency::evict(
@@ -752,6 +813,9 @@ std::string Residency::checkInvariants() const {
       const Chunk& c = seg.chunks[i];
       if (c.live > seg.chunkSize(i)) {
         return "chunk with more live bytes than its size";
+      }
+      if (c.stale && (c.live == 0 || !seg.tracked || seg.replayed)) {
+        return "a forgotten chunk that holds no forgettable live bytes";
       }
       e.bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
       if (c.in != orderOf(seg, i)) {

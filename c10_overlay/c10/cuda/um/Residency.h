@@ -102,6 +102,31 @@
 // say which pool an event is in; there every event after the first capture
 // in the process counts as a pool's (Engine::onBlockEvent).
 //
+// Note [Forgotten content]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Some live blocks hold bytes nobody will read: their owner overwrites all
+// of them before the next read. DistributedDataParallel's gradient buckets
+// are the case in point (Note [DDP's buckets between steps],
+// torch/cuda/_um_ddp.py): from the step's end to the next backward they
+// hold last step's gradients, and the backward writes every byte again
+// before NCCL or the step reads them. Past the budget such a block costs a
+// write-back and a bring-in per step, for nothing. forget() takes its
+// owner's word for it: each chunk wholly inside the range whose every live
+// byte is the range's (the chunk's live count fits in the range's part of
+// it; a chunk that shares its bytes with another block is left alone) is
+// marked `stale`. A stale chunk is dead for every purpose but its live
+// count:
+//   - on the device it sits in the dead order, so it is among the first
+//     victims and leaves by Discard, without a copy;
+//   - its next touch, which is the owner's signal that the write is coming,
+//     brings it back by DiscardAndPrefetch (never by faults) and ends the
+//     staleness, wherever the chunk is;
+//   - a block event over the chunk (its block freed, another handed out in
+//     its free bytes) ends it too: the ledger then follows the blocks again.
+// The caller's promise is the whole of the safety: nothing reads the range
+// before its next touch. The Python layer forgets only where the owner
+// itself overwrites the bytes first.
+//
 // Thread safety: none. The caller (Engine) serialises every call.
 #pragma once
 
@@ -230,6 +255,10 @@ struct ResidencyCounters {
   // device: an upper bound on what knowing lifetimes could save (evictions
   // of data that dies in host RAM, or that the GPU read there in place).
   uint64_t evicted_unused_bytes = 0;
+  // Note [Forgotten content]: bytes forget() marked stale, and of those the
+  // bytes that left the device by Discard while stale.
+  uint64_t forget_bytes = 0;
+  uint64_t forgotten_discard_bytes = 0;
 };
 
 class Residency {
@@ -289,6 +318,10 @@ class Residency {
       const DeviceLimits& limits,
       std::vector<Action>& out,
       bool read_only = false);
+  // Note [Forgotten content]: the content of live [addr, addr+size) is dead
+  // until the range is next touched. Returns the bytes of the chunks marked
+  // stale (those wholly inside the range, holding no other live bytes).
+  uint64_t forget(uintptr_t addr, uint64_t size);
   // Send [addr, addr+size) to host RAM (an explicit prefetch to the CPU).
   uint64_t evict(
       uintptr_t addr,
@@ -348,6 +381,9 @@ class Residency {
     bool discarded = false; // pages dropped: must be placed before a write
     bool dup = false; // a read-only duplicate: ReadMostly is set on it
     bool scan = false; // last touched read-only (Note [Scans])
+    // live, but its content is dead until its next touch (Note [Forgotten
+    // content]): counted as dead by Segment::dead
+    bool stale = false;
     // evicted while live and not on the device since (evicted_unused_bytes)
     bool evicted_live = false;
     uint64_t evicted_in = 0; // eviction batch that last moved it to host
@@ -376,7 +412,7 @@ class Residency {
       return base + i * kChunkBytes;
     }
     bool dead(size_t i) const {
-      return tracked && chunks[i].live == 0;
+      return tracked && (chunks[i].live == 0 || chunks[i].stale);
     }
     // [addr, addr+size) clipped to the segment: its end, and the chunks
     // [first, last) it overlaps.
@@ -416,6 +452,8 @@ class Residency {
   void link(Segment& seg, size_t i);
   // Makes chunk i the most recently touched, read-only (`scan`) or not.
   void retouch(Segment& seg, size_t i, bool scan = false);
+  // Ends chunk i's staleness (Note [Forgotten content]), keeping its order.
+  void unstale(Segment& seg, size_t i);
   // The order chunk i belongs in by its state, and a device's order.
   OrderKind orderOf(const Segment& seg, size_t i) const;
   static Order& order(DeviceLru& d, OrderKind kind);

@@ -86,6 +86,10 @@ typedef struct TorchUmStats {
   uint64_t fence_waits;
   uint64_t fence_wait_ns;
   uint64_t fence_wait_issuing_ns;
+  /* Note [Forgotten content] (Residency.h), process-wide: bytes torch_um_forget
+   * marked, and of those the bytes that then left a device by discard. */
+  uint64_t forget_bytes;
+  uint64_t forgotten_discard_bytes;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
@@ -166,6 +170,14 @@ TORCH_UM_API long long torch_um_touch(
     int device,
     void* stream,
     int flags);
+
+/* The content of live [ptr, ptr+size) is dead until its next torch_um_touch
+ * (Note [Forgotten content], Residency.h): with policy lru, the chunks
+ * wholly its own are the first to leave the device, without a copy, and the
+ * touch brings them back without one. The caller promises that nothing
+ * reads the range before that touch. Memory that is not an engine segment
+ * is ignored. Returns the bytes marked, or -1 on an internal error. */
+TORCH_UM_API long long torch_um_forget(const void* ptr, size_t size);
 
 /* 1 while the managed bytes of some device (on it or in host RAM) exceed
  * 90 % of its device budget, else 0. */
