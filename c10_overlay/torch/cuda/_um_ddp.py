@@ -130,12 +130,15 @@ class Buckets:
                 params = [ref() for ref in bucket.params]
                 if all(p is None or p.grad is None for p in params):
                     dead.append(bucket)
-                bucket.storage = None  # let the reducer free it if it rebuilds
         marked = 0
         for bucket in dead:  # outside the lock: the engine's lock is taken
+            # The storage is still held here, so the range is still its own: never
+            # memory the allocator has handed to someone else since.
             ptr, size, _ = bucket.range
             got = self._forget(ptr, size)
             marked += max(0, got)
+        for bucket in kept.values():
+            bucket.storage = None  # let the reducer free it if it rebuilds
         with self._lock:
             for bucket in dead:
                 for ref in bucket.params:
