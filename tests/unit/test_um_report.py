@@ -136,3 +136,17 @@ def test_weights_streamed_per_forward() -> None:
     text = _summary(0, _engine(), predict, CONFIG, True)
     assert "10 forwards without autograd read 3.0 MiB of parameters each by copy" in text
     assert "1 orders of calls recorded, 0 forwards left theirs" in text
+
+
+def test_ddp_buckets_forgotten_and_what_left_without_a_copy() -> None:
+    """Note [DDP's buckets between steps]: a row only once a bucket was forgotten."""
+    assert "DDP buckets" not in _summary(0, _engine(), PREDICT, CONFIG, True)
+    predict = {**PREDICT, "predict.ddp_forgotten": 146, "predict.ddp_touched": 146}
+    predict["predict.ddp_forgotten_bytes"] = 5 * GiB
+    engine = _engine(**{"um.forgotten_discard_bytes": 4 * GiB})
+    text = _summary(0, engine, predict, CONFIG, True)
+    assert (
+        "DDP buckets 146 forgotten between a step and the next backward (5.00 GiB in all), "
+        "146 touched back before the backward wrote them; 4.00 GiB left the device without "
+        "a copy" in text
+    )

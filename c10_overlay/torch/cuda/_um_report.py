@@ -112,6 +112,15 @@ def summary_text(
         f"{size(e('um.duplicate_bytes', 0))} (process-wide, since start)",
     )
     _predict_rows(predict, row)
+    forgotten = predict.get("predict.ddp_forgotten", 0)
+    if forgotten:  # Note [DDP's buckets between steps], torch/cuda/_um_ddp.py
+        row(
+            "DDP buckets",
+            f"{forgotten} forgotten between a step and the next backward "
+            f"({size(predict.get('predict.ddp_forgotten_bytes', 0))} in all), "
+            f"{predict.get('predict.ddp_touched', 0)} touched back before the backward wrote "
+            f"them; {size(e('um.forgotten_discard_bytes', 0))} left the device without a copy",
+        )
     notes = _notes(engine, predict, config)
     if notes:
         lines.append("  notes")
