@@ -663,6 +663,16 @@ um._lib.torch_um_under_pressure = lambda: 1
 um._install_hooks()
 out = {"predict": state()}
 handles = list(um._hook_handles)
+
+def ddp():  # Note [DDP's buckets between steps]: watched for, and told of the steps
+    return [um._ddp_type is not None, um._stager.seen is not None]
+
+out["ddp"] = ddp()
+um.configure(predict_ddp_buckets=False)
+out["ddp_off"] = ddp() + [state() == out["predict"]]
+um.configure(predict_ddp_buckets=True)
+out["ddp_on"] = ddp() + [state() == out["predict"]]
+handles = list(um._hook_handles)
 um.configure(device_budget="50%")  # not a setting the hooks depend on: left alone
 out["same_after_budget"] = um._hook_handles == handles
 um.configure(predict=False)
@@ -680,9 +690,11 @@ print(json.dumps(out))
 
 def test_configure_changes_the_installed_hooks_at_once(um: tuple[UmPath, Path]) -> None:
     """Note [Use signals]: while the hooks are on, configure() of a setting that decides
-    them (predict, hooks, policy, enabled) replaces them at once with the set the new
-    settings want, or takes them off; other settings leave them alone. Without a GPU:
-    the engine's pressure is stood in for."""
+    them (predict, predict_ddp_buckets, hooks, policy, enabled) replaces them at once with
+    the set the new settings want, or takes them off; other settings leave them alone.
+    predict_ddp_buckets alone switches the DDP watch and the step's report of its
+    gradients, and leaves the module hooks as they were. Without a GPU: the engine's
+    pressure is stood in for."""
     _, venv = um
     got = probe(venv, HOOK_SETTINGS_PROBE)
     on, off = got["predict"], got["predict_off"]
@@ -691,6 +703,9 @@ def test_configure_changes_the_installed_hooks_at_once(um: tuple[UmPath, Path]) 
     # optimizer stager's; without: the use signal's pre- and post-forward hooks alone.
     assert off[1] == 2 and on[1] > off[1]
     assert got["same_after_budget"] is True
+    assert got["ddp"] == [True, True]
+    assert got["ddp_off"] == [False, False, True]  # the same module hooks, DDP's off
+    assert got["ddp_on"] == [True, True, True]
     assert got["predict_on"] == on
     assert got["hooks_off"] == [False, 0]
     assert got["hooks_on"] == [False, 0]

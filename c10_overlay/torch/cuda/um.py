@@ -334,8 +334,9 @@ def configure(
     pin_in_place: bool | None = None,
 ) -> None:
     """Change the engine's settings for allocations made from now on. A change of
-    ``predict``, ``hooks``, ``policy`` or ``enabled`` while the module hooks are on (a
-    device past its budget) also replaces them at once (Note [Use signals]).
+    ``predict``, ``predict_ddp_buckets``, ``hooks``, ``policy`` or ``enabled`` while the
+    module hooks are on (a device past its budget) also replaces them at once (Note [Use
+    signals]).
 
     ``conf`` is ``PYTORCH_CUDA_UM_CONF`` text; the keyword arguments override
     single keys (``None`` leaves a key unchanged; ``max_managed="none"``
@@ -933,10 +934,11 @@ def move_(obj: TensorsLike, device: DeviceLike = "cuda", *, copy: bool = True) -
 # torch_um_under_pressure() ten times a second: the hooks are installed while
 # the managed bytes of some device exceed 90 % of its budget and removed when
 # none do, so that a job that fits never pays for them. configure() of a setting that
-# decides the set (predict, hooks, policy, enabled) while they are on replaces them at
-# once (_refresh_hooks), not when the pressure next comes and goes. With predict:True, the
-# parameters a forward without autograd reads by copy (Note [Weight streaming],
-# torch/cuda/_um_weights.py) are not touched: their call reads device buffers.
+# decides the set (predict, predict_ddp_buckets, hooks, policy, enabled) while they are
+# on replaces them at once (_refresh_hooks), not when the pressure next comes and goes.
+# With predict:True, the parameters a forward without autograd reads by copy (Note
+# [Weight streaming], torch/cuda/_um_weights.py) are not touched: their call reads device
+# buffers.
 
 _hooks_installed = False
 _hook_handles: list[object] = []
@@ -1049,8 +1051,9 @@ def _hook_settings() -> tuple[str | None, ...]:
 
 
 def _refresh_hooks() -> None:
-    """configure() changed a setting that decides the installed hooks (predict, hooks,
-    policy, enabled) while they are on: take them off, and put back at once the set the
+    """configure() changed a setting that decides the installed hooks (predict,
+    predict_ddp_buckets, hooks, policy, enabled) while they are on: take them off (which
+    touches back DDP buckets still forgotten), and put back at once the set the
     new settings want if the pressure is still there. Without this the old set stayed
     until the pressure went away: ``configure(predict=False)`` went on predicting."""
     with _hooks_lock:
