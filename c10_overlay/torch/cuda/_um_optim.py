@@ -134,10 +134,10 @@ class _Swap:
 class Stager:
     """The pre- and post-hook of Note [Optimizer state staging]; one per process."""
 
-    def __init__(self, room: Room, touch: Touch, seen: Seen | None = None) -> None:
+    def __init__(self, room: Room, touch: Touch) -> None:
         self._room = room
         self._touch = touch
-        self.seen = seen
+        self.seen: Seen | None = None  # set by um.py while DDP's buckets are watched
         self._lock = threading.Lock()
         self._held: dict[int, list[list[Any]]] = {}  # id(optimizer) -> the groups' params
         self.active = True
