@@ -722,8 +722,22 @@ log = []
 def forget(ptr, size):
     log.append(["forget", ptr, size])
     return size
+held = {}  # data_ptr -> (bucket storage, its bytes when the last step read it)
+def as_bytes(st):
+    return torch.tensor([], dtype=torch.uint8).set_(st, 0, (st.nbytes(),), (1,))
+def snap(params):
+    held.clear()
+    for p in params:
+        st = p.grad.untyped_storage()
+        held.setdefault(st.data_ptr(), (st, as_bytes(st).clone()))
+def written(ptr):
+    st, before = held[ptr]
+    return not torch.equal(as_bytes(st), before)
+unwritten_at_touch = []
 def touch(ranges):
     log.append(["touch", sorted([r[0], r[1]] for r in ranges)])
+    # Before the reducer writes a bucket: it still holds what the last step read.
+    unwritten_at_touch.extend(not written(r[0]) for r in ranges if r[0] in held)
 
 def model(find_unused=False):
     torch.manual_seed(0)
@@ -742,20 +756,26 @@ with warnings.catch_warnings(record=True) as caught:
     ddp = model()
     params = list(ddp.parameters())
     b = _um_ddp.Buckets(forget, touch)
-    opt = torch.optim.SGD(params, lr=0.1)
+    opt = torch.optim.SGD(params, lr=0.01)
     for it in range(5):
         log.clear()
         b.enter(ddp)
         forgets = [[e[1], e[2]] for e in log if e[0] == "forget"]
         log.clear()
-        ddp(x).pow(2).sum().backward()
+        ddp(x).pow(2).mean().backward()
         touched = [r for e in log if e[0] == "touch" for r in e[1]]
+        now = storages(params)
         out["iters"].append({"forgets": sorted(forgets), "touched": touched,
-                             "storages": [list(s) for s in storages(params)]})
+                             "storages": [list(s) for s in now],
+                             "written_after": [written(ptr) for ptr, _ in touched
+                                               if [ptr, _] in [list(n) for n in now]]})
         b.stepped([p for p in params if p.grad is not None])
+        snap(params)
         opt.step()
         opt.zero_grad(set_to_none=(it != 2))  # it 2 keeps its zeroed gradients: live bytes
     out["counters"] = b.counters()
+    out["unwritten_at_touch"] = unwritten_at_touch
+    held.clear()
 
     # The hooks come off between a forward's forgetting and its backward.
     ddp2 = model()
@@ -817,6 +837,11 @@ def test_ddp_buckets_are_forgotten_when_dropped_and_touched_before_written(
         assert len(iters[it]["storages"]) >= 2, "one bucket: the test would not tell them apart"
     assert iters[3]["forgets"] == [] and iters[3]["touched"] == []  # zeroed, kept: live
     assert iters[4]["forgets"] == iters[3]["storages"]
+    # Every touch came before the reducer wrote its bucket, and the backward did write each
+    # bucket that is still in use (it 1's are the buckets the reducer rebuilt away from).
+    assert got["unwritten_at_touch"] and all(got["unwritten_at_touch"])
+    for it in (2, 4):
+        assert iters[it]["written_after"] and all(iters[it]["written_after"]), it
     c = got["counters"]
     n = sum(len(i["forgets"]) for i in iters)
     assert c["predict.ddp_forgotten"] == n == c["predict.ddp_touched"]

@@ -498,9 +498,10 @@ uint64_t Residency::bringIn(
     if (c.where != Where::Host) {
       continue;
     }
-    if (!dead_content && seg.dead(i) && !c.stale) {
+    if (!dead_content && seg.tracked && c.live == 0) {
       // A use of live data never moves (or discards) a dead chunk: the
-      // toucher's stream is not its blocks' stream, and nothing reads it.
+      // toucher's stream is not its blocks' stream, and nothing reads it. A
+      // forgotten chunk is live: its toucher writes it next.
       continue;
     }
     const uint64_t sz = seg.chunkSize(i);

@@ -43,7 +43,8 @@ typedef struct TorchUmStats {
    * smaller struct_size and never see these). "placed" above means where
    * pages are now. The counters below are process-wide. */
   uint64_t policy_lru;         /* 1: policy lru, 0: static */
-  uint64_t dead_device_bytes;  /* this device: on the device, no live block */
+  uint64_t dead_device_bytes;  /* this device: on the device, no live block or
+                                  only forgotten content (torch_um_forget) */
   uint64_t events_attached;    /* 1 once the allocator's block events arrive */
   uint64_t block_events;       /* ALLOC and FREE_COMPLETED events received */
   uint64_t touches;            /* ranges about to be used that were not all on the device */
