@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import models
 from bench.common import RESULTS, BenchError
 
 
@@ -143,8 +144,9 @@ def plot_residency(record: dict[str, Any], dest: Path) -> None:
     workload = settings["workload"]
     if settings.get("ranks"):  # ddp; records made before --ranks existed ran 2 ranks and do not say
         workload += f" ({settings['ranks']} rank{'s' if settings['ranks'] > 1 else ''})"
+    model = models.MODELS.get(settings.get("model", models.DEFAULT))  # older records: GPT-2
     ax.set_title(
-        f"GPT-2-style 1.28 B, {workload}, batch "
+        f"{model.about if model else settings['model']}, {workload}, batch "
         f"{' x '.join(map(str, settings['batch']))}, device budget "
         f"{settings['budget_bytes'] / 2**30:.3g} GiB\n" + _title(record),
         fontsize=9,

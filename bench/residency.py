@@ -1,17 +1,20 @@
-"""A model that does not fit under the device budget: GPT-2-style 1.28 B parameters, bf16,
-trained (``train``), run forward (``infer``) or made to generate (``generate``) by stock
-torch, by torch +um with the residency engine, and by the peers that fit the same budget
-by other means.
+"""A model that does not fit under the device budget: a decoder-only transformer of about a
+billion parameters in bf16, trained (``train``), run forward (``infer``) or made to generate
+(``generate``) by stock torch, by torch +um with the residency engine, and by the peers that
+fit the same budget by other means.
 
     python -m bench.residency {train,infer,generate,ddp} --stock-pythonpath STOCK
         --um-pythonpath UM
         [--prev-pythonpath PREV] [--rounds 2] [--steps 10] [--warmup 2] [--budget SIZE]
-        [--modes a,b,...] [--out DIR]
+        [--modes a,b,...] [--model gpt2-1.28b|llama-1.1b] [--out DIR]
 
-The model: ``GPT2LMHeadModel(GPT2Config(n_layer=24, n_embd=2048, n_head=16,
-vocab_size=32000, n_positions=1024))`` with dropout 0 and no KV cache, built in bf16 on the
-CPU from a fixed seed (no weights are downloaded) and moved to the GPU, so that every mode
-starts from the same weights and stock and +um losses and outputs can be compared.
+The model (``--model``, bench/models.py): by default ``gpt2-1.28b``,
+``GPT2LMHeadModel(GPT2Config(n_layer=24, n_embd=2048, n_head=16, vocab_size=32000,
+n_positions=1024))``; or ``llama-1.1b``, a Llama of TinyLlama's shape (``nn.Linear``
+projections, grouped-query attention, gated MLP, RMSNorm, rotary positions, untied head), a
+layout the engine was not tuned on. Dropout 0 and no KV cache in training, built in bf16 on
+the CPU from a fixed seed (no weights are downloaded) and moved to the GPU, so that every
+mode starts from the same weights and stock and +um losses and outputs can be compared.
 
 ``train`` (AdamW, batch 4 x 1024 random tokens, loss = model(ids, labels=ids).loss; default
 budget 8 GiB), modes:
@@ -28,7 +31,7 @@ budget 8 GiB), modes:
                       offload], torch/cuda/_um_predict.py), and AdamW's state is staged
                       on the device for the step (Note [Optimizer state staging],
                       torch/cuda/_um_optim.py); the record adds predict_stats
-  fsdp2-offload-ckpt  stock torch, single-process FSDP2 (fully_shard per GPT2Block and root,
+  fsdp2-offload-ckpt  stock torch, single-process FSDP2 (fully_shard per decoder layer and root,
                       CPUOffloadPolicy), HF gradient checkpointing, memory fraction BUDGET/total
   stock-fraction      stock torch at memory fraction BUDGET/total (expected: out of memory)
 ``infer`` (forward of batch 8 x 512 under torch.inference_mode; default budget 2 GiB), modes:
@@ -43,7 +46,7 @@ budget 8 GiB), modes:
   um-nohooks          +um, policy lru driven by block events alone (hooks:False)
   accelerate          stock torch, accelerate.dispatch_model(model, infer_auto_device_map(
                       model, max_memory={0: BUDGET, "cpu": "200GiB"},
-                      no_split_module_classes=["GPT2Block"])), the model built on the CPU
+                      no_split_module_classes=[its decoder layer])), the model built on the CPU
 
 ``generate`` (greedy ``model.generate()`` with a KV cache: a prompt of batch 4 x 128 and
 NEW_TOKENS = 32 new tokens, so one prefill forward and 31 one-token forwards a step, every
@@ -132,6 +135,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import models
 from bench.common import (
     FULL_SPEED,
     LEVELS,
@@ -578,49 +582,10 @@ def _oom_type(torch: Any) -> Any:
     return getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
-def _build_model(torch: Any, workload: str) -> Any:
-    """The 1.28 B model in bf16 on the CPU, the same weights in every mode."""
-    transformers = importlib.import_module("transformers")
-    config = transformers.GPT2Config(
-        n_layer=24,
-        n_embd=2048,
-        n_head=16,
-        vocab_size=32000,
-        n_positions=1024,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        use_cache=False,
-        # GPT-2's own ids (50256) lie past this vocabulary. With no end-of-text token,
-        # every generation (``generate``) runs its NEW_TOKENS: all modes do the same work.
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    # Initialising 1.28 B parameters on the CPU takes about a minute: the first worker
-    # of a run saves the weights, the others map them (same bytes in every mode).
-    cache = Path(os.environ.get("TORCH_UM_BENCH_WEIGHTS", "/tmp/torch-um-bench-gpt2-1.28b.pt"))
-    model = None
-    if cache.is_file():
-        with torch.device("meta"):
-            model = transformers.GPT2LMHeadModel(config)
-        state = torch.load(cache, mmap=True, weights_only=True)
-        model.load_state_dict(state, assign=True)
-        model.tie_weights()
-        if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
-            model = None  # a buffer the state dict does not hold: build it for real
-    if model is None:
-        torch.manual_seed(0)
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            model = transformers.GPT2LMHeadModel(config)
-        finally:
-            torch.set_default_dtype(default)
-        model = model.to(torch.bfloat16)
-        partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
-        torch.save(model.state_dict(), partial)
-        os.replace(partial, cache)
-    return model.train() if workload in TRAINING else model.eval()
+def _build_model(torch: Any, workload: str, model: str = models.DEFAULT) -> Any:
+    """The model in bf16 on the CPU, the same weights in every mode (bench/models.py)."""
+    built = models.build(torch, model)
+    return built.train() if workload in TRAINING else built.eval()
 
 
 def _tokens(torch: Any, workload: str, rank: int = 0) -> Any:
@@ -783,6 +748,7 @@ def _run(
     phases: bool = False,
     extra_conf: str = "",
     world: int = WORLD,
+    model_name: str = models.DEFAULT,
 ) -> Any:
     """Set up the mode, run WARMUP + STEPS steps, return the worker's record fields
     (ddp: of one rank of ``world``, on GPU ``rank``). ``extra_conf``: engine settings over
@@ -806,7 +772,8 @@ def _run(
         dist.init_process_group(
             backend="nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
         )
-    model = _build_model(torch, workload)
+    spec = models.spec(model_name)
+    model = _build_model(torch, workload, model_name)
     ids_cpu = _tokens(torch, workload, rank)
     if mode == "fsdp2-offload-ckpt":
         os.environ.update(
@@ -815,14 +782,14 @@ def _run(
         dist = importlib.import_module("torch.distributed")
         fsdp = importlib.import_module("torch.distributed.fsdp")
         dist.init_process_group(backend="cpu:gloo,cuda:nccl", rank=0, world_size=1)
-        for block in model.transformer.h:
+        for block in spec.blocks(model):
             fsdp.fully_shard(block, offload_policy=fsdp.CPUOffloadPolicy())
         fsdp.fully_shard(model, offload_policy=fsdp.CPUOffloadPolicy())
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif mode == "accelerate":
         accelerate = importlib.import_module("accelerate")
         device_map = accelerate.infer_auto_device_map(
-            model, max_memory={0: budget, "cpu": "200GiB"}, no_split_module_classes=["GPT2Block"]
+            model, max_memory={0: budget, "cpu": "200GiB"}, no_split_module_classes=[spec.block]
         )
         model = accelerate.dispatch_model(model, device_map=device_map)
         info["device_map"] = {k: str(v) for k, v in device_map.items()}
@@ -932,6 +899,7 @@ def _ddp_launch(
     extra_conf: str = "",
     phases: bool = False,
     world: int = WORLD,
+    model_name: str = models.DEFAULT,
 ) -> dict[str, Any]:
     """ddp: one process per rank (this worker's PYTHONPATH), run together, merged."""
     torch = importlib.import_module("torch")
@@ -944,7 +912,7 @@ def _ddp_launch(
     args = ["--mode", mode, "--steps", str(steps), "--warmup", str(warmup), "--budget", str(budget)]
     args += ["--conf", extra_conf] if extra_conf else []
     args += ["--phases"] if phases else []
-    args += ["--ranks", str(world)]
+    args += ["--ranks", str(world), "--model", model_name]
     cmds = [worker_command(MODULE, ["ddp", *args, "--rank", str(r)]) for r in range(world)]
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -971,6 +939,7 @@ def worker(
     phases: bool = False,
     extra_conf: str = "",
     world: int = WORLD,
+    model_name: str = models.DEFAULT,
 ) -> None:
     """One measurement; always emits one record (an OOM or an error included). ddp without
     a rank: launch the ``world`` ranks and emit their merged record."""
@@ -979,8 +948,9 @@ def worker(
     try:
         if workload == "ddp" and rank is None and mode not in (LINK, SINGLE):  # PAIR too
             merged = _ddp_launch(
-                mode, steps, warmup, budget, 570, extra_conf=extra_conf, phases=phases, world=world
-            )
+                mode, steps, warmup, budget, 570, extra_conf=extra_conf, phases=phases,
+                world=world, model_name=model_name,
+            )  # fmt: skip
             emit({**base, **merged})
             return
         torch = importlib.import_module("torch")
@@ -991,7 +961,7 @@ def worker(
             run_as = "train" if mode in ONE_GPU else workload  # no DDP
             fields = _run(
                 torch, mode, run_as, steps, warmup, budget, rank or 0,
-                phases=phases, extra_conf=extra_conf, world=world,
+                phases=phases, extra_conf=extra_conf, world=world, model_name=model_name,
             )  # fmt: skip
         fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         emit({**base, **fields})
@@ -1093,6 +1063,12 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="engine settings (PYTORCH_CUDA_UM_CONF text) over every UM mode's but um-prev's",
     )
+    ap.add_argument(
+        "--model",
+        choices=tuple(models.MODELS),
+        default=models.DEFAULT,
+        help="the model (bench/models.py; default %(default)s)",
+    )
     ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
     ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
     ap.add_argument(
@@ -1104,13 +1080,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker:
         worker(
             a.mode, a.workload, a.steps, a.warmup, budget, a.rank,
-            phases=a.phases, extra_conf=a.conf, world=a.ranks or WORLD,
+            phases=a.phases, extra_conf=a.conf, world=a.ranks or WORLD, model_name=a.model,
         )  # fmt: skip
         return 0
     modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
     if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
         raise BenchError("--rounds and --steps must be at least 1, --warmup at least 0")
     worker_args = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--budget", str(budget)]
+    worker_args += ["--model", a.model]
     if a.phases:
         if a.workload not in TRAINING:
             raise BenchError("--phases times the phases of a training step: workload train or ddp")
@@ -1129,6 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = run_all(a.workload, modes, worker_args, a.rounds, paths, a.timeout)
     settings = {
         "workload": a.workload,
+        "model": a.model,
         "modes": modes,
         "rounds": a.rounds,
         "steps": a.steps,

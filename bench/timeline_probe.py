@@ -5,7 +5,8 @@ by kernels reading host RAM in place, or by a compute thread that cannot run ahe
     python -m bench.timeline_probe --mode um [--workload train|infer] [--steps 3] [--budget B]
     python -m bench.timeline_probe --mode stock                 # the same on stock torch
 
-Runs bench.residency's train workload (the 1.28 B GPT-2, AdamW, batch 4 x 1024) or its infer
+Runs bench.residency's train workload (its model, ``--model``: the 1.28 B GPT-2 by default;
+AdamW, batch 4 x 1024) or its infer
 workload (a forward of batch 8 x 512 under inference_mode) with the settings of its ``um``
 mode (default budget 8 GiB / 2 GiB, total-managed cap at 80 % of free memory), warms up, then
 records ``--steps`` steps with torch.profiler (CUDA activity). From the trace it prints one
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import re
 import tempfile
@@ -33,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench import models
 from bench.common import BenchError, counter_change, run_main, safe_cap, um_module
 from bench.residency import DEFAULT_BUDGET, UM_CONF, _build_model, _tokens, parse_size
 
@@ -206,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", default=None, help="device budget (train 8GiB, infer 2GiB)")
     ap.add_argument("--conf", default=UM_CONF["um"], help="engine settings (um)")
     ap.add_argument("--phases", action="store_true", help="split train steps into phases")
+    ap.add_argument("--model", choices=tuple(models.MODELS), default=models.DEFAULT)
+    ap.add_argument("--trace", default=None, help="also keep the profiler's trace (.json.gz)")
     a = ap.parse_args(argv)
     import torch
 
@@ -214,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if um is not None:
         budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload])
         um.configure(a.conf, enabled=True, max_managed=cap, device_budget=budget)
-    model = _build_model(torch, a.workload).to("cuda")
+    model = _build_model(torch, a.workload, a.model).to("cuda")
     ids = _tokens(torch, a.workload).to("cuda")
     if a.workload == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -273,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
+        text = trace.read_text()
+        if a.trace:
+            with gzip.open(a.trace, "wt") as f:
+                f.write(text)
+        events = json.loads(text)["traceEvents"]
     steps = sorted(
         (e["ts"], e["ts"] + e["dur"])
         for e in events

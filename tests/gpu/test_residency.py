@@ -281,21 +281,38 @@ def test_training_with_predict_matches_in_memory(torch_mod: Any, um: Any, limits
     assert _on_device(um) <= BUDGET
 
 
-def test_gpt2_training_with_predict_is_bit_exact(torch_mod: Any, um: Any, limits: Limits) -> None:
-    """The benchmark's model class (transformers' GPT2LMHeadModel: Conv1D, GELU-tanh,
-    layer norm, eager attention, tied embeddings), small, trained with AdamW past a
-    256 MiB budget with the offload on: with deterministic algorithms, the losses are
-    bit for bit those of the run in memory, so no save came back stale or misplaced."""
+def _small_decoder(kind: str) -> Any:
+    """A small transformers decoder of each layout the benchmark runs (bench/models.py):
+    GPT-2 (Conv1D, GELU-tanh, layer norm, tied embeddings) or Llama (nn.Linear,
+    grouped-query attention, gated SiLU MLP, RMSNorm, rotary positions, untied head),
+    eager attention, random weights from the caller's seed."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        n_layer=6, n_embd=512, n_head=8, vocab_size=4096, n_positions=256,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
-        attn_implementation="eager",
+    if kind == "gpt2":
+        config = transformers.GPT2Config(
+            n_layer=6, n_embd=512, n_head=8, vocab_size=4096, n_positions=256,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+            attn_implementation="eager",
+        )
+        return transformers.GPT2LMHeadModel(config)
+    config = transformers.LlamaConfig(
+        hidden_size=512, intermediate_size=1408, num_hidden_layers=6, num_attention_heads=8,
+        num_key_value_heads=2, vocab_size=4096, max_position_embeddings=256,
+        tie_word_embeddings=False, use_cache=False, attn_implementation="eager",
     )
+    return transformers.LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_decoder_training_with_predict_is_bit_exact(
+    torch_mod: Any, um: Any, limits: Limits, kind: str
+) -> None:
+    """The benchmark's model classes, small, trained with AdamW past a 256 MiB budget with
+    the offload on: with deterministic algorithms, the losses are bit for bit those of the
+    run in memory, so no save came back stale or misplaced."""
 
     def run() -> list[float]:
         torch.manual_seed(5)
-        model = transformers.GPT2LMHeadModel(config).cuda().train()
+        model = _small_decoder(kind).cuda().train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         ids = torch.randint(0, 4096, (16, 256), device="cuda",
                             generator=torch.Generator("cuda").manual_seed(6))
@@ -320,7 +337,7 @@ def test_gpt2_training_with_predict_is_bit_exact(torch_mod: Any, um: Any, limits
         got = um.predict_stats()
     finally:
         torch.use_deterministic_algorithms(False)
-    print(f"[um] gpt2 in memory {in_memory}\n[um] gpt2 predict {under}\n[um] {got}")
+    print(f"[um] {kind} in memory {in_memory}\n[um] {kind} predict {under}\n[um] {got}")
     assert got["predict.offloaded_bytes"] > before.get("predict.offloaded_bytes", 0)
     assert got["predict.ahead_bytes"] > before.get("predict.ahead_bytes", 0)
     # AdamW's state was staged (Note [Optimizer state staging]).

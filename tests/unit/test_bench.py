@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from bench import (
     common,
     divergence_probe,
     link_cpu_probe,
+    models,
     oversubscribe,
     residency,
     step_time,
@@ -353,6 +355,38 @@ def test_residency_selected_modes() -> None:
     assert "um-prev" in residency.selected_modes("infer", None, prev=True)
     with pytest.raises(common.BenchError, match="--prev-pythonpath"):
         residency.selected_modes("train", "um,um-prev")
+
+
+def test_residency_models_are_named_and_know_their_blocks() -> None:
+    assert models.DEFAULT in models.MODELS and "llama-1.1b" in models.MODELS
+    with pytest.raises(ValueError, match="unknown model 'gpt5'.*known: gpt2-1.28b, llama-1.1b"):
+        models.spec("gpt5")
+    llama = models.spec("llama-1.1b")
+    layers = [object(), object()]
+    fake = SimpleNamespace(model=SimpleNamespace(layers=layers))
+    assert llama.blocks(fake) == layers and llama.block == "LlamaDecoderLayer"
+    # Every model has its own cache file, named with the cache's format.
+    paths = {models.cache_path(s) for s in models.MODELS.values()}
+    assert len(paths) == len(models.MODELS)
+    assert all(f".v{models.CACHE_FORMAT}." in p.name for p in paths)
+
+
+def test_residency_passes_the_model_to_every_worker_and_the_record(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: list[list[str]] = []
+
+    def fake_run_all(workload: str, modes: list[str], worker_args: list[str], *rest: Any) -> Any:
+        seen.append(worker_args)
+        return [{**_link(50e9, 40e9), "machine": {"gpu": "NVIDIA H200"}}]
+
+    monkeypatch.setattr(residency, "run_all", fake_run_all)
+    residency.main(["infer", "--model", "llama-1.1b", "--modes", "stock", "--out", str(tmp_path)])
+    assert seen[0][seen[0].index("--model") + 1] == "llama-1.1b"
+    (written,) = tmp_path.glob("residency-infer-*.json")
+    assert json.loads(written.read_text())["settings"]["model"] == "llama-1.1b"
+    with pytest.raises(SystemExit):  # argparse names the choices
+        residency.main(["infer", "--model", "gpt5"])
 
 
 def test_residency_ranks_are_checked_before_any_worker_runs() -> None:
