@@ -717,6 +717,42 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
     assert (lean_copies > 0) == (copy_sms != 0 and lean), (lean_copies, _um_copy.failures)
 
 
+def test_the_ring_of_weight_copies_comes_back_when_evicted(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """Note [The ring is used]: the ring the weight copies go into is touched by each
+    streaming forward. Evicted to host RAM (as the residency policy did under pressure,
+    where nothing else reports its use), the next forward brings it back to the device,
+    and the outputs stay those of the run in memory."""
+    from tests.gpu.test_inject_allocator import RANGE_LAST_PREFETCH_LOCATION, range_attribute
+
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    model, x = _nudged(5)
+    model[7]._forward_pre_hooks.clear()  # no weight changes: every forward gives the same
+    with torch.inference_mode():
+        expect = model(x).float()
+    del model
+    model, x = _built_past_budget(um, 160 * MiB, _nudged, 5, predict=True, read_copies=False)
+    model[7]._forward_pre_hooks.clear()
+    with torch.inference_mode():
+        for _ in range(3):
+            assert torch.equal(model(x).float(), expect)
+    torch.cuda.synchronize()
+    rings = dict(um._streamer._rings)  # kept between forwards (Note [Ring size])
+    assert rings, um.predict_stats()
+    ring = next(iter(rings.values())).memory
+    um.prefetch(ring, "cpu")
+    torch.cuda.synchronize()
+    assert range_attribute(ring, RANGE_LAST_PREFETCH_LOCATION) == -1
+    with torch.inference_mode():
+        got = model(x).float()
+    torch.cuda.synchronize()
+    assert torch.equal(got, expect)
+    assert range_attribute(ring, RANGE_LAST_PREFETCH_LOCATION) == torch.cuda.current_device()
+    assert _on_device(um) <= 160 * MiB
+
+
 @pytest.mark.parametrize("launch_bytes", [0, 4112])
 def test_lean_copy_kernel_copies_any_offset_and_size(
     torch_mod: Any, um: Any, limits: Limits, launch_bytes: int

@@ -83,6 +83,21 @@ engine's DMA from page-locked memory 26 ms. Keeping streamed weights in page-loc
 memory freed the kernels but left the forward bound by the host's launches, and slower
 (step 19); not kept.
 
+Note [The ring is used]
+The ring is an ordinary block of the allocator, so of the engine's ledger, and only the
+copies (kernels on a side stream) and the calls' kernels read and write it: no block
+event and no module hook reports that use (um.py's pre-hook leaves the parameters that
+point into the ring alone). So the residency policy saw it as live data nobody used and,
+under pressure, evicted it to host RAM first; it never came back, and from then on every
+copy wrote host RAM and every streamed call's GEMM read its weights there in place, at
+3-10 GB/s. A Llama of 1.1 B at a 2 GiB budget took 0.15-0.40 s a forward that way
+instead of 0.05 s, depending on whether the ring had been evicted during the first
+forwards (bench/README.md, prediction step 34: the GEMMs of the streamed calls took
+3-11 ms instead of 0.05-0.13 ms, the head's 41 ms instead of 0.7 ms). Each forward that
+streams now touches the whole ring once as it begins (one range, on the compute stream,
+before its first copy, which waits for that stream): it stays where the policy keeps
+what is used, and comes back if it was sent out.
+
 Note [Ring size]
 The ring is device memory inside the budget, so every byte of it is a byte of weights
 that must then be streamed too: the streamer's target grows by the room the ring takes.
@@ -150,6 +165,7 @@ READ_ONLY = frozenset(
 # placed bytes past the budget)
 Counters = Callable[[int], "tuple[int, int, int, int]"]
 SendToHost = Callable[[list[torch.Tensor]], None]
+Touch = Callable[[list[torch.Tensor]], None]  # um.py's use signal for whole storages
 
 
 _read_only: dict[type, bool] = {}  # the classes seen, so that a call costs one lookup
@@ -360,9 +376,11 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         send_to_host: SendToHost,
         budget: int,
         max_lookahead: int,
+        touch: Touch | None = None,
     ) -> None:
         self._counters = counters
         self._send = send_to_host
+        self._touch = touch
         self._lock = threading.Lock()
         super().__init__()
         self._records: dict[int, _Record] = {}  # id(root) -> record
@@ -476,6 +494,9 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         run = _Pass(root, record, calls_plan, ring, device, counters, generation)
         if ring is not None:
             self._send_new(run)
+            if self._touch is not None:
+                # Note [The ring is used]: nothing else tells the engine it is.
+                self._touch([ring.memory])
         self._call(run, root)
         return run
 

@@ -1266,7 +1266,7 @@ def _weight_streamer() -> Any:
 
         lookahead = int(get_config().get("predict_lookahead", 1 << 30))
         _streamer = _um_weights.Streamer(
-            _stream_counters, _send_to_host, _current_budget(), lookahead
+            _stream_counters, _send_to_host, _current_budget(), lookahead, _touch_tensors
         )
         _apply_predict_settings()  # predict_copy_sms
     _streamer.active = True
