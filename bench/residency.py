@@ -76,6 +76,10 @@ CPU time is not a sign of a host-bound step here: the CUDA runtime spins while i
 the device, so waits count as CPU time too (bench/README.md, step 27); the canary says
 whether the CPU ran at full speed.
 
+With ``TORCH_UM_BENCH_TRACE_DIR`` set, each infer or generate worker runs two more steps
+after its timed ones under torch.profiler and writes their trace there
+(``<workload>-<mode>.json.gz``): where the time of the state the run reached goes.
+
 Every mode is a worker process of its own, alternating over rounds (the order rotates each
 round); a worker times WARMUP + STEPS steps, each between two torch.cuda.synchronize() calls,
 and its median over the STEPS timed ones is one sample. A UM worker reads free GPU memory
@@ -123,11 +127,13 @@ or null}}`` (every mode name of the workload; null also where a mode was not run
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib
 import json
 import os
 import re
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -737,6 +743,25 @@ def _inference_step(torch: Any, model: Any, ids: Any, workload: str, clock: _Ste
     return float(logits.sum(dtype=torch.float32))
 
 
+def _profiled_steps(torch: Any, model: Any, ids: Any, workload: str, dest: Path) -> None:
+    """Two inference steps under torch.profiler (CPU and CUDA activity), the trace
+    written gzipped to ``dest`` (TORCH_UM_BENCH_TRACE_DIR)."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.inference_mode(), torch.profiler.profile(activities=acts) as prof:
+        for _ in range(2):
+            torch.cuda.synchronize()
+            with torch.profiler.record_function("um_bench_step"):
+                clock = _StepClock(host=True)
+                clock.start()
+                _inference_step(torch, model, ids, workload, clock)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    plain = dest.with_suffix("")  # .json
+    prof.export_chrome_trace(str(plain))
+    with open(plain, "rb") as src, gzip.open(dest, "wb") as out:
+        shutil.copyfileobj(src, out)
+    plain.unlink()
+
+
 def _run(
     torch: Any,
     mode: str,
@@ -839,6 +864,12 @@ def _run(
                     before = engine_counters(um)
                 clock.start()
                 values.append(_inference_step(torch, model, ids, workload, clock))
+    trace_dir = os.environ.get("TORCH_UM_BENCH_TRACE_DIR")
+    if trace_dir and workload not in TRAINING:
+        # After the timed steps, two more under torch.profiler: where this very run's
+        # forward time goes, in the state its steps left (bench.timeline_probe starts
+        # its own process, and the streamer's state depends on its history).
+        _profiled_steps(torch, model, ids, workload, Path(trace_dir) / f"{workload}-{mode}.json.gz")
     times = clock.times
     info["cpu"] = clock.cpu
     info["warmup"] = warmup
