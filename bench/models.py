@@ -51,7 +51,10 @@ class ModelSpec:
         return list(operator.attrgetter(self.layers)(model))
 
 
-_NO_DROPOUT_OR_TOKENS = {"use_cache": False, "bos_token_id": None, "eos_token_id": None}
+# No KV cache in training, and no end-of-text token: GPT-2's own ids (50256) lie past the
+# 32000-token vocabulary, and with none every generation (``generate``) runs all its new
+# tokens, so that all modes do the same work.
+_NO_CACHE_NO_END = {"use_cache": False, "bos_token_id": None, "eos_token_id": None}
 
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
@@ -69,7 +72,7 @@ MODELS: dict[str, ModelSpec] = {
                 "resid_pdrop": 0.0,
                 "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0,
-                **_NO_DROPOUT_OR_TOKENS,
+                **_NO_CACHE_NO_END,
             },
             block="GPT2Block",
             layers="transformer.h",
@@ -90,7 +93,7 @@ MODELS: dict[str, ModelSpec] = {
                 "tie_word_embeddings": False,
                 "attention_dropout": 0.0,
                 "pad_token_id": None,
-                **_NO_DROPOUT_OR_TOKENS,
+                **_NO_CACHE_NO_END,
             },
             block="LlamaDecoderLayer",
             layers="model.layers",
