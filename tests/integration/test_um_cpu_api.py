@@ -852,3 +852,63 @@ def test_ddp_buckets_are_forgotten_when_dropped_and_touched_before_written(
     assert got["unused"]["log"] == []
     assert got["unused"]["counters"]["predict.ddp_forgotten"] == 0
     assert got["warnings"] == []
+
+
+MID_FORWARD_PROBE = r"""
+import json, torch
+from torch.cuda import _um_plan
+from torch.nn.modules import module as nn_module
+
+class Recorder(_um_plan.OutermostForward):
+    def __init__(self):
+        super().__init__()
+        self.begun = []
+    def _begin(self, module):
+        self.begun.append(type(module).__name__)
+        return [module]
+    def _inner(self, run, module): pass
+    def _leave(self, run, module): pass
+    def _end(self, run): pass
+    def _abandon(self, run): pass
+
+h = Recorder()
+handles = []
+
+class Installer(torch.nn.Module):  # the pressure watcher, putting the hooks on mid-forward
+    def forward(self, x):
+        if not handles:
+            handles.append(nn_module.register_module_forward_pre_hook(h.enter))
+            handles.append(nn_module.register_module_forward_hook(h.exit, always_call=True))
+        return x
+
+model = torch.nn.Sequential(
+    torch.nn.Linear(4, 4), Installer(), torch.nn.Linear(4, 4),
+    torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(4, 4)),
+)
+x = torch.randn(2, 4)
+out = {}
+for code in (None, nn_module.Module._call_impl.__code__):  # before um.py sets it, and after
+    _um_plan.OutermostForward.call_code = code
+    h.begun, handles[:] = [], []
+    with torch.no_grad():
+        model(x)
+        first = list(h.begun)
+        model(x)
+    for handle in handles:
+        handle.remove()
+    out[str(code is not None)] = {"first": first, "second": h.begun[len(first):]}
+print(json.dumps(out))
+"""
+
+
+def test_hooks_installed_mid_forward_take_no_layer_for_an_outermost_forward(
+    um: tuple[UmPath, Path],
+) -> None:
+    """Note [Hooks that come on during a forward] (_um_plan.py), with torch's own module
+    calls: hooks put on inside a forward took each later module of it for an outermost
+    forward; knowing the frame of Module._call_impl, they take none, and the next forward's
+    root is the outermost one, as before."""
+    _, venv = um
+    got = probe(venv, MID_FORWARD_PROBE)
+    assert got["False"] == {"first": ["Linear", "Sequential"], "second": ["Sequential"]}
+    assert got["True"] == {"first": [], "second": ["Sequential"]}

@@ -583,3 +583,33 @@ def test_outermost_forward_keeps_each_threads_forward_apart() -> None:
     assert seen == [None, ["other"]]
     assert h.current() == ["main"]
     h.exit("main", None, None)
+
+
+def _module_call(h: Any, name: str, inner: tuple[Any, ...] = (), hooked: bool = True) -> None:
+    """A module call as torch makes it: its hooks run inside this frame (the stand-in for
+    torch.nn.Module._call_impl), its children's calls further down. ``hooked``: False for
+    a call made before the hooks were installed, whose pre-hook never ran."""
+    if hooked:
+        h.enter(name, None)
+    for child in inner:
+        _module_call(h, *child) if isinstance(child, tuple) else _module_call(h, child)
+    if hooked:
+        h.exit(name, None, None)
+
+
+def test_modules_of_a_forward_begun_before_the_hooks_begin_no_run() -> None:
+    """Note [Hooks that come on during a forward]: the hooks come on inside the root's
+    forward, after its first layer; the layers after it are not outermost forwards. The
+    next forward of the root is, and runs as always."""
+    h = _Recorder()
+    h.call_code = _module_call.__code__
+    _module_call(h, "root", ("l0", "l1", ("l2", ("attn",))), hooked=False)
+    assert h.log == []  # no run began, so none is left for the next forward
+    assert h.current() is None
+    _module_call(h, "root", ("l0", "l1"))
+    assert h.log == [("begin", "root"), ("inner", "l0"), ("leave", "l0"), ("inner", "l1"),
+                     ("leave", "l1"), ("leave", "root"), ("end", "root")]  # fmt: skip
+    # Without the code of the module call (before um.py sets it): each layer begins one.
+    h = _Recorder()
+    _module_call(h, "root", ("l0", "l1"), hooked=False)
+    assert [e for e in h.log if e[0] == "begin"] == [("begin", "l0"), ("begin", "l1")]

@@ -30,6 +30,7 @@ Not thread-safe, but for OutermostForward: each caller (``Offloader``, ``Stager`
 from __future__ import annotations
 
 import bisect
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -437,6 +438,9 @@ class OutermostForward(Generic[Run]):
     next hook call, after ``_abandon(run)`` on that thread for a run it left behind."""
 
     active = True
+    # The code of the call that runs a module's hooks and forward (um.py sets it to
+    # torch.nn.Module._call_impl's); None: every call at depth 0 begins a run.
+    call_code: Any = None
 
     def __init__(self) -> None:
         self._tls = threading.local()
@@ -469,11 +473,37 @@ class OutermostForward(Generic[Run]):
         depth = getattr(st, "depth", 0)
         st.depth = depth + 1
         if depth == 0:
-            st.run = self._begin(module) if self.active else None
+            outermost = self.active and not self._inside_unseen_forward()
+            st.run = self._begin(module) if outermost else None
             return
         run = getattr(st, "run", None)
         if run is not None:
             self._inner(run, module)
+
+    def _inside_unseen_forward(self) -> bool:
+        """Note [Hooks that come on during a forward]
+        Hooks installed while a forward is under way (the pressure watcher puts them on
+        when the budget is passed, often in the middle of the first forward) miss its
+        start: each module it calls after that comes to ``enter`` at depth 0 and looked
+        like an outermost forward. A Llama's first forward made 24 records that way, one
+        per decoder layer left, and the whole model's record began a forward later
+        (bench/README.md, prediction step 34). So a call at depth 0 whose own thread's
+        stack holds a second module call (``call_code``: the frame that ran this hook,
+        and one further up) is inside a forward begun before the hooks: it begins no
+        run, and its inner calls and its exit pass as those of a run that does nothing.
+        One walk up the stack per outermost forward, a few microseconds."""
+        code = self.call_code
+        if code is None:
+            return False
+        calls = 0
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code is code:
+                calls += 1
+                if calls > 1:
+                    return True
+            frame = frame.f_back
+        return False
 
     def exit(self, module: Any, args: object, output: object) -> None:
         st = self._state()

@@ -1098,8 +1098,11 @@ def _install_hooks() -> None:
 
 
 def _register_hooks() -> None:
+    from torch.cuda import _um_plan
     from torch.nn.modules import module as nn_module
 
+    # Note [Hooks that come on during a forward] (_um_plan.py).
+    _um_plan.OutermostForward.call_code = nn_module.Module._call_impl.__code__
     offloader = _predictor()
     if offloader is not None:
         # Before the use signal, which then leaves the parameters it swapped alone.
