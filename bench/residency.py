@@ -127,13 +127,11 @@ or null}}`` (every mode name of the workload; null also where a mode was not run
 from __future__ import annotations
 
 import argparse
-import gzip
 import importlib
 import json
 import os
 import re
 import resource
-import shutil
 import socket
 import statistics
 import subprocess
@@ -755,11 +753,7 @@ def _profiled_steps(torch: Any, model: Any, ids: Any, workload: str, dest: Path)
                 clock.start()
                 _inference_step(torch, model, ids, workload, clock)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    plain = dest.with_suffix("")  # .json
-    prof.export_chrome_trace(str(plain))
-    with open(plain, "rb") as src, gzip.open(dest, "wb") as out:
-        shutil.copyfileobj(src, out)
-    plain.unlink()
+    prof.export_chrome_trace(str(dest))  # torch gzips a path ending in .gz
 
 
 def _run(

@@ -437,7 +437,7 @@ _um_copy.failures[0] = "RuntimeError: no NVRTC here"
 _um_streams._make_green = no_green
 _um_weights.side_stream = _um_streams.side_stream = lambda device, role: f"plain:{device}:{role}"
 _um_weights.auto_copy_sms = lambda device: 16  # an H200's eighth
-st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30)
+st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30, lambda ts: None)
 st.copy_lean = True  # predict_copy_kernel:lean, the default, which cannot be had here either
 out = {}
 for setting in (24, 0):
@@ -468,7 +468,7 @@ class Side:
 lean = Lean()
 del _um_copy.failures[0]
 _um_copy.copier = lambda device: None if device in _um_copy.failures else lean
-st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30)
+st = _um_weights.Streamer(lambda d: (0, 0, 0), lambda ts: None, 1 << 30, 1 << 30, lambda ts: None)
 # Not asked for (predict_copy_kernel:foreach; lean is the default): foreach, though the
 # kernel is there.
 st.copy_lean = False

@@ -376,7 +376,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         send_to_host: SendToHost,
         budget: int,
         max_lookahead: int,
-        touch: Touch | None = None,
+        touch: Touch,
     ) -> None:
         self._counters = counters
         self._send = send_to_host
@@ -494,9 +494,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         run = _Pass(root, record, calls_plan, ring, device, counters, generation)
         if ring is not None:
             self._send_new(run)
-            if self._touch is not None:
-                # Note [The ring is used]: nothing else tells the engine it is.
-                self._touch([ring.memory])
+            self._touch([ring.memory])  # Note [The ring is used]: nothing else reports it
         self._call(run, root)
         return run
 
