@@ -211,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", action="store_true", help="split train steps into phases")
     ap.add_argument("--model", choices=tuple(models.MODELS), default=models.DEFAULT)
     ap.add_argument("--trace", default=None, help="also keep the profiler's trace (.json.gz)")
+    ap.add_argument(
+        "--stack",
+        action="store_true",
+        help="record Python calls too (with_stack: slower host, for the trace's gaps)",
+    )
     a = ap.parse_args(argv)
     import torch
 
@@ -264,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
+    with torch.profiler.profile(activities=acts, with_stack=a.stack) as prof:
         for _ in range(a.steps):
             torch.cuda.synchronize()
             before = counters()
