@@ -217,6 +217,27 @@ def test_the_queue_says_what_held_the_next_entry_back() -> None:
     assert len(q.pump(room=1000)) == 1 and q.stopped == ""
 
 
+def test_the_room_is_read_once_and_only_for_an_entry_within_the_lookahead() -> None:
+    """Reading the room asks the engine (a C call per saved-tensor unpack in the
+    backward): a pump held by the lookahead, or with nothing left, does not read it."""
+    q = plan.PrefetchQueue(max_lookahead=1 << 30, lookahead=25)
+    entries = [plan.Entry(10), plan.Entry(10), plan.Entry(10)]
+    for e in entries:
+        q.add(weakref.ref(e))
+    reads: list[int] = []
+
+    def room() -> int:
+        reads.append(1)
+        return 1000
+
+    assert len(q.pump(room)) == 2 and q.stopped == "lookahead" and len(reads) == 1
+    assert q.pump(room) == [] and q.stopped == "lookahead" and len(reads) == 1
+    assert q.use(entries[2], ready=True) == "hit"
+    assert len(q.pump(lambda: 5)) == 0 and q.stopped == "room"
+    assert len(q.pump(room)) == 1 and len(reads) == 2
+    assert q.pump(room) == [] and len(reads) == 2  # nothing left
+
+
 def test_state_chunks_cover_every_parameter_once_in_order() -> None:
     assert plan.state_chunks([], 10) == []
     assert plan.state_chunks([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]

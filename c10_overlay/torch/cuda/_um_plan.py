@@ -104,7 +104,9 @@ class PrefetchQueue:
 
     ``pump(room)`` returns the entries to bring back now: the next ones in reverse order
     of saving, while the bytes brought back ahead and not used yet stay within the
-    lookahead and each fits in ``room`` (free device bytes under the budget);
+    lookahead and each fits in ``room`` (free device bytes under the budget; a function
+    giving them is called once, and only when an entry is within the lookahead: most
+    pumps stop at the lookahead, and reading the room asks the engine);
     ``stopped`` says which of the two held the next entry back, if one did. ``use``
     classifies a use: ``hit`` (brought back ahead and ready), ``late`` (brought back
     ahead, copy still running) or ``miss`` (not brought back: the caller copies it
@@ -128,9 +130,10 @@ class PrefetchQueue:
         self.entries.append(ref)
         self.cursor = len(self.entries) - 1
 
-    def pump(self, room: int) -> list[Entry]:
+    def pump(self, room: int | Callable[[], int]) -> list[Entry]:
         out: list[Entry] = []
         self.stopped = ""
+        left: int | None = None if callable(room) else room
         while self.cursor >= 0:
             entry = self.entries[self.cursor]()
             if entry is None or entry.issued:
@@ -139,10 +142,13 @@ class PrefetchQueue:
             if self.inflight + entry.nbytes > self.lookahead and (self.inflight or out):
                 self.stopped = "lookahead"  # a single larger entry still goes alone
                 break
-            if entry.nbytes > room:
+            if left is None:
+                assert callable(room)
+                left = room()
+            if entry.nbytes > left:
                 self.stopped = "room"
                 break
-            room -= entry.nbytes
+            left -= entry.nbytes
             entry.issued = entry.ahead = True
             self.inflight += entry.nbytes
             self.cursor -= 1

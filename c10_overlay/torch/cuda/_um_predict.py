@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 from torch.cuda import _um_plan as plan
-from torch.cuda._um_streams import side_stream
+from torch.cuda._um_streams import side_stream, wait_stream
 
 MIN_BYTES = 1 << 20  # smaller saves are not worth a copy each way
 COPY_WINDOW = 512 << 20  # bytes of copies to the host in flight (Offloader._throttle)
@@ -289,7 +289,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         side = side_stream(device.index or 0, "d2h")
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         whole = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
-        side.wait_stream(compute)
+        wait_stream(side, compute)
         with torch.cuda.stream(side):
             host.copy_(whole, non_blocking=True)
             saved = torch.cuda.Event()
@@ -305,7 +305,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         # waits for the compute stream's work so far: the block's last users.
         gpu = torch.empty(stored.nbytes, dtype=torch.uint8, device=stored.device)
         if ahead:
-            stream.wait_stream(torch.cuda.current_stream(stored.device))
+            wait_stream(stream, torch.cuda.current_stream(stored.device))
         with torch.cuda.stream(stream):
             stream.wait_event(stored.saved)
             gpu.copy_(stored.host, non_blocking=True)
@@ -324,9 +324,10 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         """Bring back what the queue says fits now (the lock is held)."""
         if queue.cursor < 0:
             return
-        for entry in queue.pump(self.room(device.index or 0)):
+        index = device.index or 0
+        for entry in queue.pump(lambda: self.room(index)):
             assert isinstance(entry, _Stored)
-            self._bring_back(entry, side_stream(device.index or 0, "h2d"), ahead=True)
+            self._bring_back(entry, side_stream(index, "h2d"), ahead=True)
             self.stats["ahead_bytes"] += entry.nbytes
         if queue.stopped:
             self.stats[f"{queue.stopped}_stops"] += 1
