@@ -7,7 +7,8 @@
 //   - Note [Eviction fences]: a bring-in is issued after the eviction of its pages, or
 //     that eviction is called off (Note [Cancelled moves]) and never issued;
 //   - every eviction that is not called off is issued exactly once;
-//   - drainAll() returns, and the counters add up.
+//   - drainAll() returns, and the counters add up;
+//   - the jobs' events are reused, not made one a job, and none is lost.
 // Prints "0 failures" when every check holds.
 #include <c10/cuda/um/CudaCompat.h>
 #include <c10/cuda/um/Executor.h>
@@ -164,6 +165,18 @@ int main() {
               static_cast<unsigned long long>(c.fence_waits));
   if (called_off == 0 || c.fence_waits == 0) {
     fail("the run exercised neither cancelled moves nor fence waits", 0);
+  }
+  // Note [Ready events are reused]: every job records one event; they come from a
+  // free list that keeps at most 256 a device, so few are made, and none is lost.
+  // Besides them, each of the two devices' side streams has `done` and a ring of 64.
+  const long made = stubEventsCreated().load(), gone = stubEventsDestroyed().load();
+  std::printf("%llu jobs, %ld events made, %ld destroyed\n",
+              static_cast<unsigned long long>(d.batches), made, gone);
+  if (made >= static_cast<long>(d.batches) / 4) {
+    fail("ready events made per job, not reused", 0);
+  }
+  if (made - gone > 2 * (256 + 1 + 64)) {
+    fail("ready events lost (neither free nor destroyed)", 0);
   }
   std::printf("%d failures\n", failures);
   return failures == 0 ? 0 : 1;

@@ -951,3 +951,39 @@ def test_generate_with_kv_cache_past_budget_matches_in_memory(
     weights = sum(p.nbytes for p in model.parameters())
     assert streamed > 2 * weights
     assert _on_device(um) <= 256 * MiB
+
+
+def test_wait_stream_with_one_event_a_thread_orders_like_torch(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """Note [One event a thread for stream waits] (_um_streams.py): the hooks' stream
+    waits record one event per thread and device again and again. Each wait still orders
+    after the work queued before it (a slow kernel, then a fill), from two threads at
+    once, each with its own pair of streams."""
+    import threading
+
+    from torch.cuda._um_streams import wait_stream
+
+    errors: list[str] = []
+
+    def ordered(k: int) -> None:
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        x = torch.zeros(1 << 20, device="cuda")
+        for i in range(1, 30):
+            with torch.cuda.stream(a):
+                torch.cuda._sleep(2_000_000)  # about 1 ms: the fill comes late, b must wait
+                x.fill_(float(i + k))
+            wait_stream(b, a)
+            with torch.cuda.stream(b):
+                got = x.sum()
+            b.synchronize()
+            if got.item() != float(i + k) * x.numel():
+                errors.append(f"thread {k}, round {i}: read {got.item()} before the fill")
+                return
+
+    threads = [threading.Thread(target=ordered, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors

@@ -93,7 +93,7 @@ from typing import Any
 
 import torch
 from torch.cuda import _um_plan as plan
-from torch.cuda._um_streams import side_stream
+from torch.cuda._um_streams import side_stream, wait_stream
 from torch.optim import optimizer as _optimizer  # torch.optim does not export the module
 
 MIN_BYTES = 1 << 20  # smaller state (step counters, scalars) is read in place
@@ -277,7 +277,7 @@ class Stager:
                 for key, t in list(state.items())
                 if self._stageable(t, device)
             ]
-            into.wait_stream(compute)  # the buffers' blocks are done with earlier work
+            wait_stream(into, compute)  # the buffers' blocks are done with earlier work
             with torch.cuda.stream(into):
                 _copy([s.buffer for s in swaps], [s.original for s in swaps])
             return swaps
@@ -287,7 +287,7 @@ class Stager:
             coming = bring_in(chunks[0])
             for k, chunk in enumerate(chunks):
                 swaps = coming
-                compute.wait_stream(into)
+                wait_stream(compute, into)
                 if len(leaving) == 2:  # the chunk two before: its buffers are free again
                     compute.wait_event(leaving.pop(0)[0])
                 # launched before this chunk's step, so that the two overlap
@@ -305,7 +305,7 @@ class Stager:
                     back = [s for s in swaps if s.state.get(s.key) is s.buffer]
                     for s in back:
                         s.state[s.key] = s.original
-                    out.wait_stream(compute)
+                    wait_stream(out, compute)
                     with torch.cuda.stream(out):
                         _copy([s.original for s in back], [s.buffer for s in back])
                         copied = torch.cuda.Event()
@@ -314,8 +314,8 @@ class Stager:
         finally:
             # Whatever runs after the step reads the state written back; the buffers
             # still held (leaving, coming) are freed after these waits.
-            compute.wait_stream(into)
-            compute.wait_stream(out)
+            wait_stream(compute, into)
+            wait_stream(compute, out)
         return staged
 
     def counters(self) -> dict[str, int]:

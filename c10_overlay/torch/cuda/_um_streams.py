@@ -44,6 +44,32 @@ _set_raw = getattr(torch._C, "_cuda_setStream", None)
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
+# Note [One event a thread for stream waits]
+# torch.cuda.Stream.wait_stream records a new Event each time, and the first record of an
+# event makes it with cudaEventCreate, which takes the driver's lock; that lock is held
+# for the whole of a managed-memory call on any thread (the engine's evictor discarding or
+# evicting: 0.5-14 ms a call, bench/launch_contention.cu). Past the budget, a 1.1 B Llama's
+# training step waited there some 230 times (bench/README.md, prediction step 35). A stream
+# wait takes the event's latest record at the time of the call, so one event per thread
+# and device, recorded again for each wait, orders the same; one per thread, because
+# another thread's record between this one's record and wait would be waited for instead.
+_waits = threading.local()
+
+
+def wait_stream(waiter: torch.cuda.Stream, waited: torch.cuda.Stream) -> None:
+    """``waiter.wait_stream(waited)`` without making an event: ``waiter``'s later work
+    runs after everything queued on ``waited`` so far. Both on the same device."""
+    events: dict[int, torch.cuda.Event] | None = getattr(_waits, "events", None)
+    if events is None:
+        events = _waits.events = {}
+    device = waited.device_index
+    event = events.get(device)
+    if event is None:
+        event = events[device] = torch.cuda.Event()
+    event.record(waited)
+    waiter.wait_event(event)
+
+
 def side_stream(device: int, role: str) -> torch.cuda.Stream:
     """The stream of ``role`` (e.g. ``"d2h"``, ``"stage-in"``) on device ``device``."""
     key = (device, role)

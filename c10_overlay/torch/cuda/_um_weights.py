@@ -136,6 +136,7 @@ from torch.cuda._um_streams import (
     green_failures,
     on_stream,
     side_stream,
+    wait_stream,
 )
 
 MIN_LOOKAHEAD = 32 << 20
@@ -642,7 +643,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                     versions[key] = p._version
                     written = True
             if written or not run.ordered:
-                side.wait_stream(compute)
+                wait_stream(side, compute)
                 if not run.ordered:
                     run.ordered = True
                     run.ring.parts.forget()  # the forwards before: all queued before this

@@ -4,6 +4,7 @@
 // stub's CudaCompat.h, not carried out: no address passed here is ever dereferenced.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <thread>
@@ -37,12 +38,23 @@ inline cudaError_t cudaGetLastError() {
 inline const char* cudaGetErrorString(cudaError_t) {
   return "stub error";
 }
+// Events made and destroyed so far (Note [Ready events are reused]).
+inline std::atomic<long>& stubEventsCreated() {
+  static std::atomic<long> n{0};
+  return n;
+}
+inline std::atomic<long>& stubEventsDestroyed() {
+  static std::atomic<long> n{0};
+  return n;
+}
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   *e = reinterpret_cast<cudaEvent_t>(new int(0));
+  stubEventsCreated().fetch_add(1);
   return cudaSuccess;
 }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<int*>(e);
+  stubEventsDestroyed().fetch_add(1);
   return cudaSuccess;
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {

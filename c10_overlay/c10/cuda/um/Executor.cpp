@@ -150,6 +150,51 @@ Executor::Side& Executor::side(int device) {
   return *sides_[device];
 }
 
+// Note [Ready events are reused]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every eviction or discard job carries an event recorded on the chunk's
+// stream. Made with cudaEventCreate and destroyed by the evictor, each one
+// took the driver's lock twice, and that lock is held for the whole of a
+// managed-memory call on any thread: while the evictor discards 128 MiB
+// (0.5 ms) or evicts it (14 ms), a cudaEventCreate or cudaLaunchKernel on
+// the compute thread waits (bench/launch_contention.cu; bench/README.md,
+// prediction step 35, where the backward's allocations waited in
+// cuEventCreate). So a job's event comes from a free list of its device and
+// goes back to it once the evictor has queued its wait on it: a stream wait
+// takes the event's latest record at the time of the call, so recording the
+// event again later changes nothing for it. The list keeps at most
+// kFreeEvents; events past that are destroyed.
+constexpr size_t kFreeEvents = 256;
+
+cudaError_t Executor::takeEvent(int device, cudaEvent_t* out) {
+  Side& s = side(device);
+  {
+    std::lock_guard<std::mutex> lock(s.events_mu);
+    if (!s.free_events.empty()) {
+      *out = s.free_events.back();
+      s.free_events.pop_back();
+      return cudaSuccess;
+    }
+  }
+  DeviceGuard guard(device);
+  return cudaEventCreateWithFlags(out, cudaEventDisableTiming);
+}
+
+void Executor::giveEvent(int device, cudaEvent_t event) {
+  if (event == nullptr) {
+    return;
+  }
+  Side& s = side(device);
+  {
+    std::lock_guard<std::mutex> lock(s.events_mu);
+    if (s.free_events.size() < kFreeEvents) {
+      s.free_events.push_back(event);
+      return;
+    }
+  }
+  (void)cudaEventDestroy(event);
+}
+
 bool Executor::ensureSide(Side& s, int device) {
   if (s.stream != nullptr) {
     return true;
@@ -206,9 +251,8 @@ void Executor::enqueue(EvictJob job) {
     // where they are, a hint lost like any failed move. Its batch number is
     // published as issued all the same, or a later use of those pages would
     // wait for it forever (waitFor); call_once tries again next time.
-    if (job.ready != nullptr) {
-      (void)cudaEventDestroy(job.ready);
-    }
+    // The event's record is still ahead of nothing that waits on it.
+    giveEvent(job.device, job.ready);
     Side& s = side(job.device);
     {
       std::lock_guard<std::mutex> lock(s.mu);
@@ -318,9 +362,9 @@ void Executor::evictorLoop() {
       s.issued.store(job.seq, std::memory_order_release);
     }
     evictor_issuing_.store(false, kRelaxed);
-    if (job.ready != nullptr) {
-      (void)cudaEventDestroy(job.ready);
-    }
+    // Waited on (or never to be): free for the next job (Note [Ready events
+    // are reused]).
+    giveEvent(job.device, job.ready);
     const int device = job.device;
     const bool discard = job.discard;
     {
@@ -533,12 +577,10 @@ void Executor::run(
           // always reached.
           EvictJob job{a.device, a.fence, nullptr, ptrs, sizes,
                        a.kind == Action::Discard};
-          {
+          e = takeEvent(a.device, &job.ready);
+          if (e == cudaSuccess) {
             DeviceGuard guard(a.device);
-            e = cudaEventCreateWithFlags(&job.ready, cudaEventDisableTiming);
-            if (e == cudaSuccess) {
-              e = cudaEventRecord(job.ready, stream);
-            }
+            e = cudaEventRecord(job.ready, stream);
           }
           if (e != cudaSuccess) {
             if (job.ready != nullptr) {

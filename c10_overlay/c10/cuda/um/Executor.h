@@ -126,6 +126,11 @@ class Executor {
     std::atomic<uint64_t> issued{0};
     // The last eviction batch queued for this device.
     std::atomic<uint64_t> queued{0};
+    // Note [Ready events are reused]: events a job's `ready` was, free for
+    // the next job. Guarded by events_mu, never by mu (which the evictor
+    // holds while it issues).
+    std::mutex events_mu;
+    std::vector<cudaEvent_t> free_events;
   };
   // Note [Evictor thread]: cudaMemPrefetchAsync to the CPU does much of its
   // work on the calling thread (measured: the executor's host time matched
@@ -188,6 +193,10 @@ class Executor {
   cudaError_t waitFor(int device, uint64_t fence, cudaStream_t stream);
   Side& side(int device);
   bool ensureSide(Side& s, int device);
+  // Note [Ready events are reused]: an event for a job's `ready` (a free one
+  // of `device`, else a new one), and back to the free list once waited on.
+  cudaError_t takeEvent(int device, cudaEvent_t* out);
+  void giveEvent(int device, cudaEvent_t event);
   void fail(cudaError_t err, const Action& a);
   // The actions of nextGroup() from i (advanced past them) as one call's
   // ranges; returns the fence the call waits for.
