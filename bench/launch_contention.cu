@@ -7,7 +7,7 @@
 // loop over 2 MiB chunks of a small managed arena (at most 1 GiB, and never more than
 // a fifth of the free memory read at start: far inside the device).
 //
-//   nvcc -O2 -std=c++17 -o launch_contention bench/launch_contention.cu
+//   nvcc -O2 -std=c++17 -Ic10_overlay -o launch_contention bench/launch_contention.cu
 //   ./launch_contention [LAUNCHES]      (launches in an idle row, 20000; a tenth in the others)
 //
 // Rows (one JSON object each on stdout, with the launch times and the other calls'
@@ -24,6 +24,7 @@
 //   same-thread       no other thread; the launching thread itself issues one
 //                     discard and one place of 4 chunks every 16 launches (the
 //                     allocating thread's DiscardAndPrefetch path)
+#include <c10/cuda/um/CudaCompat.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,6 +38,8 @@
 #include <vector>
 
 namespace {
+
+namespace compat = c10::cuda::um::compat;
 
 __global__ void empty_kernel() {}
 
@@ -68,30 +71,16 @@ struct Arena {
   }
 };
 
-cudaMemLocation where(int device) {
-  cudaMemLocation loc{};
-  if (device < 0) {
-    loc.type = cudaMemLocationTypeHost;
-    loc.id = 0;
-  } else {
-    loc.type = cudaMemLocationTypeDevice;
-    loc.id = device;
-  }
-  return loc;
-}
-
+// The engine's own call forms (c10_overlay/c10/cuda/um/CudaCompat.h): -1 is the host.
 void prefetch(std::vector<void*>& p, int device, cudaStream_t s) {
   std::vector<size_t> sizes(p.size(), kChunk);
-  cudaMemLocation loc = where(device);
-  size_t first = 0;
-  check(cudaMemPrefetchBatchAsync(p.data(), sizes.data(), p.size(), &loc, &first,
-                                  1, 0, s),
+  check(compat::prefetchBatch(p.data(), sizes.data(), p.size(), device, s),
         "cudaMemPrefetchBatchAsync");
 }
 
 void discard(std::vector<void*>& p, cudaStream_t s) {
   std::vector<size_t> sizes(p.size(), kChunk);
-  check(cudaMemDiscardBatchAsync(p.data(), sizes.data(), p.size(), 0, s),
+  check(compat::discardBatch(p.data(), sizes.data(), p.size(), s),
         "cudaMemDiscardBatchAsync");
 }
 
@@ -129,7 +118,7 @@ Calls other_thread(const std::string& kind, const Arena& a, std::atomic<bool>& s
     } else if (kind == "place-only") {
       c.timed(c.place_us, c.places, [&] { prefetch(p, device, s); });
     } else if (kind == "migrate") {
-      c.timed(c.to_host_us, c.to_host, [&] { prefetch(p, -1, s); });
+      c.timed(c.to_host_us, c.to_host, [&] { prefetch(p, compat::kHost, s); });
       sync();
       c.timed(c.place_us, c.places, [&] { prefetch(p, device, s); });
     }
