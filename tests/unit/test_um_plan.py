@@ -106,7 +106,8 @@ class Device:
         back: dict[int, int] = {}  # index -> use count at which it was issued
         on_device = resident
         for use, i in enumerate(order):
-            for e in queue.pump(max(0, self.budget - on_device - self.margin)):
+            room = max(0, self.budget - on_device - self.margin)
+            for e in queue.pump(lambda room=room: room):
                 assert e.index not in back, "brought back twice"
                 back[e.index] = use
                 on_device += e.nbytes
@@ -186,9 +187,9 @@ def test_a_save_freed_before_the_backward_is_skipped() -> None:
     for ref in [weakref.ref(e) for e in alive]:
         q.add(ref)
     del alive[2]  # its graph was freed (no backward)
-    got = q.pump(room=1000)
+    got = q.pump(lambda: 1000)
     assert [e.nbytes for e in got] == [20, 10]
-    assert q.pump(room=1000) == []
+    assert q.pump(lambda: 1000) == []
 
 
 @pytest.mark.parametrize("room", [0, 15])
@@ -197,7 +198,7 @@ def test_the_queue_never_brings_back_past_the_room(room: int) -> None:
     entries = [plan.Entry(10), plan.Entry(20)]
     for e in entries:
         q.add(weakref.ref(e))
-    got = q.pump(room=room)
+    got = q.pump(lambda: room)
     assert sum(e.nbytes for e in got) <= room
     assert q.stopped == ("room" if room < 30 else "")
     # Not brought back: the use copies it then (a miss), and the lookahead widens.
@@ -211,10 +212,10 @@ def test_the_queue_says_what_held_the_next_entry_back() -> None:
     entries = [plan.Entry(10), plan.Entry(10), plan.Entry(10)]
     for e in entries:
         q.add(weakref.ref(e))
-    assert len(q.pump(room=1000)) == 2 and q.stopped == "lookahead"
+    assert len(q.pump(lambda: 1000)) == 2 and q.stopped == "lookahead"
     assert q.use(entries[2], ready=True) == "hit"
-    assert len(q.pump(room=5)) == 0 and q.stopped == "room"
-    assert len(q.pump(room=1000)) == 1 and q.stopped == ""
+    assert len(q.pump(lambda: 5)) == 0 and q.stopped == "room"
+    assert len(q.pump(lambda: 1000)) == 1 and q.stopped == ""
 
 
 def test_the_room_is_read_once_and_only_for_an_entry_within_the_lookahead() -> None:

@@ -104,7 +104,6 @@ MARGIN = MIN_CHUNK  # free room under the budget that staging leaves alone
 ELEMENTWISE = frozenset({"Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam"})
 
 Room = Callable[[int], int]  # device index -> free bytes under the budget
-Touch = Callable[[list[torch.Tensor]], None]  # report tensors as about to be used
 # told the parameters a step will read the gradients of (Note [DDP's buckets between
 # steps], torch/cuda/_um_ddp.py)
 Seen = Callable[[list[torch.Tensor]], None]
@@ -134,7 +133,7 @@ class _Swap:
 class Stager:
     """The pre- and post-hook of Note [Optimizer state staging]; one per process."""
 
-    def __init__(self, room: Room, touch: Touch) -> None:
+    def __init__(self, room: Room, touch: plan.Touch) -> None:
         self._room = room
         self._touch = touch
         self.seen: Seen | None = None  # set by um.py while DDP's buckets are watched

@@ -34,9 +34,15 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:  # this module runs without torch (its CPU tests)
+    import torch
 
 MiB = 1 << 20
+# um.py's use signal for whole storages: the tensors are about to be used on their device
+# (Note [Use signals]); the optimizer stager and the weight streamer are handed it.
+Touch = Callable[[list["torch.Tensor"]], None]
 
 
 @dataclass
@@ -104,9 +110,9 @@ class PrefetchQueue:
 
     ``pump(room)`` returns the entries to bring back now: the next ones in reverse order
     of saving, while the bytes brought back ahead and not used yet stay within the
-    lookahead and each fits in ``room`` (free device bytes under the budget; a function
-    giving them is called once, and only when an entry is within the lookahead: most
-    pumps stop at the lookahead, and reading the room asks the engine);
+    lookahead and each fits in the room, the free device bytes under the budget that the
+    function ``room`` gives (called once, and only when an entry is within the lookahead:
+    most pumps stop at the lookahead, and reading the room asks the engine);
     ``stopped`` says which of the two held the next entry back, if one did. ``use``
     classifies a use: ``hit`` (brought back ahead and ready), ``late`` (brought back
     ahead, copy still running) or ``miss`` (not brought back: the caller copies it
@@ -130,10 +136,10 @@ class PrefetchQueue:
         self.entries.append(ref)
         self.cursor = len(self.entries) - 1
 
-    def pump(self, room: int | Callable[[], int]) -> list[Entry]:
+    def pump(self, room: Callable[[], int]) -> list[Entry]:
         out: list[Entry] = []
         self.stopped = ""
-        left: int | None = None if callable(room) else room
+        left: int | None = None
         while self.cursor >= 0:
             entry = self.entries[self.cursor]()
             if entry is None or entry.issued:
@@ -143,7 +149,6 @@ class PrefetchQueue:
                 self.stopped = "lookahead"  # a single larger entry still goes alone
                 break
             if left is None:
-                assert callable(room)
                 left = room()
             if entry.nbytes > left:
                 self.stopped = "room"

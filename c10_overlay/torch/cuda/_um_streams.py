@@ -49,7 +49,9 @@ _get_device = getattr(torch._C, "_cuda_getDevice", None)
 # event makes it with cudaEventCreate, which takes the driver's lock; that lock is held
 # for the whole of a managed-memory call on any thread (the engine's evictor discarding or
 # evicting: 0.5-14 ms a call, bench/launch_contention.cu). Past the budget, a 1.1 B Llama's
-# training step waited there some 230 times (bench/README.md, prediction step 35). A stream
+# training step makes two such waits per saved activation offloaded (out, and back ahead:
+# about 230 for 115 saves), and py-spy found them waiting there (bench/README.md,
+# prediction step 35). A stream
 # wait takes the event's latest record at the time of the call, so one event per thread
 # and device, recorded again for each wait, orders the same; one per thread, because
 # another thread's record between this one's record and wait would be waited for instead.

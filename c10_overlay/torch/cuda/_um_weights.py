@@ -166,7 +166,6 @@ READ_ONLY = frozenset(
 # placed bytes past the budget)
 Counters = Callable[[int], "tuple[int, int, int, int]"]
 SendToHost = Callable[[list[torch.Tensor]], None]
-Touch = Callable[[list[torch.Tensor]], None]  # um.py's use signal for whole storages
 
 
 _read_only: dict[type, bool] = {}  # the classes seen, so that a call costs one lookup
@@ -377,7 +376,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         send_to_host: SendToHost,
         budget: int,
         max_lookahead: int,
-        touch: Touch,
+        touch: plan.Touch,
     ) -> None:
         self._counters = counters
         self._send = send_to_host

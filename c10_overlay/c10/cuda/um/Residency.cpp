@@ -794,7 +794,8 @@ bool Residency::nearBudget(int device, uint64_t budget, uint64_t extra) const {
 // over the dead order, each read walked 3000 chunks with a segment lookup
 // apiece while holding the engine's lock: 62 ms of a 0.31 s backward
 // (bench/README.md, prediction step 35). link/unlink keep the sum instead;
-// checkInvariants recounts it.
+// checkInvariants recounts it. (The offload now also reads the room only
+// when an entry may be brought back: PrefetchQueue.pump, _um_plan.py.)
 uint64_t Residency::deadOnDevice(int device) const {
   if (device < 0 || static_cast<size_t>(device) >= devices_.size()) {
     return 0;

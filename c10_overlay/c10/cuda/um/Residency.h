@@ -434,8 +434,8 @@ class Residency {
     Order scan; // of those, the ones last touched read-only
     Order dead; // device-resident chunks with no live bytes
     uint64_t bytes[3] = {0, 0, 0}; // by Where
-    // The bytes of the chunks in `dead`, kept by link/unlink: read at every
-    // saved-activation unpack through stats() (Note [Dead bytes are counted]).
+    // The bytes of the chunks in `dead`, kept by link/unlink, so that
+    // stats() costs no walk (Note [Dead bytes are counted]).
     uint64_t dead_bytes = 0;
     // Counted against the budget: unplaced pages migrate on first touch.
     uint64_t resident() const {
