@@ -9,6 +9,7 @@
 //   - the ledger agrees with where the actions put each chunk;
 //   - when everything fits, a repeating loop issues no action at all.
 // Built and run by tests/unit/test_engine_residency.py; no GPU, no torch.
+#include <c10/cuda/um/LedgerTrace.h>
 #include <c10/cuda/um/Residency.h>
 
 #include <cstdio>
@@ -18,6 +19,8 @@
 #include <set>
 #include <string>
 #include <vector>
+#include <unistd.h>
+#include <fstream>
 
 using namespace c10::cuda::um;
 
@@ -77,8 +80,11 @@ struct Sim {
 
   std::map<uint64_t, std::pair<void*, Action::Kind>> batch_stream; // batch -> stream, kind
 
+  std::vector<Action> all; // every action of every call, in order
+
   bool apply(const std::vector<Action>& out, uintptr_t allocating) {
     last = out;
+    all.insert(all.end(), out.begin(), out.end());
     if (!lim.can_act) {
       CHECK(out.empty(), "%zu actions while capturing", out.size());
     }
@@ -820,6 +826,122 @@ bool graphPoolOutputsSurvive() {
 
 } // namespace
 
+// Note [Ledger traces]: the records of a run, written as text and read
+// back, replayed against a fresh ledger, make the same actions in the same
+// order, with the same counters.
+struct VectorSink final : TraceSink {
+  std::vector<TraceRecord> records;
+  void record(const TraceRecord& r) override {
+    records.push_back(r);
+  }
+};
+
+bool recordedTraceReplaysTheSameDecisions() {
+  Sim s;
+  s.lim.budget = 32 * kChunkBytes;
+  VectorSink sink;
+  s.r.setTrace(&sink);
+  if (!trainingLoop(s, {{8, 3 * kChunkBytes, kChunkBytes}, {12, kChunkBytes + 512, kChunkBytes},
+                        {5, 5 * kChunkBytes, kChunkBytes}},
+                    30, nullptr)) {
+    return false;
+  }
+  const uintptr_t bucket = s.next_base;
+  if (!s.addSegment(bucket, 4 * kChunkBytes) || !s.alloc(bucket, 4 * kChunkBytes)) {
+    return false;
+  }
+  CHECK(s.forgetContent(bucket) == 4 * kChunkBytes, "the bucket was not forgotten");
+  if (!s.touch(bucket) || !s.removeSegment(bucket)) {
+    return false;
+  }
+  std::set<char> ops;
+  Residency again;
+  std::vector<Action> all;
+  for (const TraceRecord& r : sink.records) {
+    ops.insert(static_cast<char>(r.op));
+    const std::string line = formatTrace(r);
+    TraceRecord back;
+    CHECK(parseTrace(line, back), "a record does not parse back: %s", line.c_str());
+    CHECK(formatTrace(back) == line, "a record changes when read back: %s", line.c_str());
+    std::vector<Action> out;
+    replayTrace(again, back, out);
+    all.insert(all.end(), out.begin(), out.end());
+  }
+  CHECK(ops == std::set<char>({'S', 'R', 'A', 'F', 'T', 'G'}), "%zu kinds of record",
+        ops.size());
+  CHECK(all.size() == s.all.size() && s.all.size() > 100, "%zu actions replayed, %zu made",
+        all.size(), s.all.size());
+  for (size_t k = 0; k < all.size(); ++k) {
+    const Action& a = all[k];
+    const Action& b = s.all[k];
+    CHECK(a.kind == b.kind && a.addr == b.addr && a.size == b.size && a.fence == b.fence &&
+              a.stream == b.stream,
+          "action %zu differs in the replay: %s against %s", k, actionName(a.kind),
+          actionName(b.kind));
+  }
+  const ResidencyCounters& x = again.counters();
+  const ResidencyCounters& y = s.r.counters();
+  CHECK(x.discard_bytes == y.discard_bytes && x.reuse_bytes == y.reuse_bytes &&
+            x.evict_bytes == y.evict_bytes && x.prefetch_bytes == y.prefetch_bytes &&
+            x.forget_bytes == y.forget_bytes,
+        "the replay's counters differ");
+  // The file sink writes PATH.<pid>, every record a line, on flush.
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/um-ledger-test";
+  std::string why;
+  auto file = TraceFile::open(path, why);
+  CHECK(file != nullptr, "TraceFile: %s", why.c_str());
+  for (const TraceRecord& r : sink.records) {
+    file->record(r);
+  }
+  file->flush();
+  const std::string name = path + "." + std::to_string(getpid());
+  std::ifstream in(name);
+  std::string line;
+  size_t lines = 0;
+  for (; std::getline(in, line); ++lines) {
+    CHECK(lines < sink.records.size() && line == formatTrace(sink.records[lines]),
+          "line %zu of the trace file is not its record", lines);
+  }
+  CHECK(lines == sink.records.size(), "%zu lines for %zu records", lines, sink.records.size());
+  file.reset();
+  std::remove(name.c_str());
+  CHECK(TraceFile::open("/nonexistent-dir/trace", why) == nullptr &&
+            why.find("/nonexistent-dir/trace.") != std::string::npos,
+        "a trace path that cannot be written was not refused: %s", why.c_str());
+  TraceRecord junk;
+  CHECK(!parseTrace("A 10 20", junk) && !parseTrace("Z 1 2 0 5 0 0 1 9 1 1 0", junk) &&
+            !parseTrace(formatTrace(sink.records[0]) + " 7", junk),
+        "a malformed line parsed");
+  return true;
+}
+
+// Any order of dead victims is safe: a dead chunk holds nothing live, so
+// whichever leaves first, no live byte is discarded (the simulator checks
+// every action) and the ledger stays consistent.
+struct NewestDeadFirst final : DeadChoice {
+  size_t picks = 0;
+  size_t pick(const std::vector<uintptr_t>& candidates) override {
+    ++picks;
+    return candidates.size() - 1;
+  }
+};
+
+bool anotherDeadOrderIsSafe() {
+  Sim s;
+  s.lim.budget = 32 * kChunkBytes;
+  NewestDeadFirst order;
+  s.r.setDeadChoice(&order);
+  if (!trainingLoop(s, {{8, 3 * kChunkBytes, kChunkBytes}, {12, kChunkBytes + 512, kChunkBytes},
+                        {5, 5 * kChunkBytes, kChunkBytes}},
+                    30, nullptr)) {
+    return false;
+  }
+  CHECK(order.picks > 0, "the dead order was never asked");
+  CHECK(s.r.counters().discard_bytes > 0, "nothing was discarded");
+  return true;
+}
+
 int main() {
   struct Case {
     const char* name;
@@ -848,6 +970,8 @@ int main() {
        [] { return forgottenBucketLeavesWithoutACopy(false); }},
       {"a forgotten bucket leaves and comes back without a copy",
        [] { return forgottenBucketLeavesWithoutACopy(true); }},
+      {"a recorded trace replays to the same decisions", recordedTraceReplaysTheSameDecisions},
+      {"another order of dead victims is safe", anotherDeadOrderIsSafe},
   };
   int run = 0;
   for (const Case& c : cases) {

@@ -30,6 +30,15 @@ Engine::Engine() : owner_pid_(static_cast<int>(getpid())) {
     cfg_ = parseConfig(env, Config{}, kConfigEnvVar);
   }
   syncHostSettings();
+  if (const char* path = std::getenv(kLedgerTraceEnvVar); path && *path) {
+    std::string why;
+    trace_ = TraceFile::open(path, why);
+    if (trace_) {
+      residency_.setTrace(trace_.get());
+    } else {
+      TORCH_WARN("unified memory: ", kLedgerTraceEnvVar, " is ignored: ", why);
+    }
+  }
 }
 
 void Engine::syncHostSettings() {

@@ -19,6 +19,7 @@
 #include <c10/core/Device.h>
 #include <c10/cuda/um/Config.h>
 #include <c10/cuda/um/Executor.h>
+#include <c10/cuda/um/LedgerTrace.h>
 #include <c10/cuda/um/Policies.h>
 #include <c10/cuda/um/Residency.h>
 #include <c10/cuda/um/UnifiedMemory.h>
@@ -28,6 +29,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -202,6 +204,8 @@ class Engine {
   // The managed segments (the registry isManaged reads) and where their
   // pages are; guarded by mu_.
   Residency residency_;
+  // Note [Ledger traces] (Residency.h): set from TORCH_UM_LEDGER_TRACE.
+  std::unique_ptr<TraceFile> trace_;
   Executor executor_; // thread-safe; used outside mu_
 };
 

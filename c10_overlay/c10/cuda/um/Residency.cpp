@@ -306,6 +306,11 @@ void Residency::addSegment(
     Policy policy,
     const DeviceLimits& limits,
     std::vector<Action>& out) {
+  if (trace_ != nullptr) {
+    trace_->record(TraceRecord{TraceRecord::AddSegment, base, size, device,
+                               reinterpret_cast<uintptr_t>(stream), tracked, adopted, policy,
+                               limits});
+  }
   // A base can only come back after its segment was released, and live
   // segments never overlap: an entry over any of these addresses is stale
   // (its free never reached the engine). None may survive, or its chunks'
@@ -385,6 +390,9 @@ void Residency::addSegment(
 }
 
 std::optional<Residency::SegmentInfo> Residency::removeSegment(uintptr_t base) {
+  if (trace_ != nullptr) {
+    trace_->record(TraceRecord{TraceRecord::RemoveSegment, base});
+  }
   auto it = segments_.find(base);
   if (it == segments_.end()) {
     return std::nullopt;
@@ -417,7 +425,8 @@ uint64_t Residency::makeRoom(
     };
     uintptr_t addr = 0;
     if (usable(d.dead)) {
-      addr = d.dead.begin()->second;
+      addr = dead_choice_ == nullptr ? d.dead.begin()->second
+                                     : chooseDead(d.dead, protect_tick);
     } else if (
         usable(d.live) &&
         (d.scan.empty() || d.live.begin()->first < d.scan.begin()->first)) {
@@ -434,6 +443,15 @@ uint64_t Residency::makeRoom(
     freed += leave(*seg, (addr - seg->base) / kChunkBytes, limits, out);
   }
   return freed;
+}
+
+uintptr_t Residency::chooseDead(const Order& dead, uint64_t protect_tick) {
+  std::vector<uintptr_t> candidates;
+  for (auto it = dead.begin(); it != dead.end() && it->first < protect_tick;
+       ++it) {
+    candidates.push_back(it->second);
+  }
+  return candidates[dead_choice_->pick(candidates)];
 }
 
 uint64_t Residency::leave(
@@ -577,6 +595,11 @@ bool Residency::onAlloc(
     const DeviceLimits& limits,
     std::vector<Action>& out,
     bool replayed) {
+  if (trace_ != nullptr) {
+    trace_->record(TraceRecord{TraceRecord::Alloc, addr, size, 0,
+                               reinterpret_cast<uintptr_t>(stream), replayed, false, policy,
+                               limits});
+  }
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0) {
     return false;
@@ -625,6 +648,11 @@ bool Residency::onAlloc(
 }
 
 void Residency::onFree(uintptr_t addr, uint64_t size, bool replayed) {
+  if (trace_ != nullptr) {
+    TraceRecord r{TraceRecord::Free, addr, size};
+    r.flag = replayed;
+    trace_->record(r);
+  }
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0) {
     return;
@@ -657,6 +685,11 @@ uint64_t Residency::touch(
     const DeviceLimits& limits,
     std::vector<Action>& out,
     bool read_only) {
+  if (trace_ != nullptr) {
+    trace_->record(TraceRecord{TraceRecord::Touch, addr, size, device,
+                               reinterpret_cast<uintptr_t>(stream), read_only, false, policy,
+                               limits});
+  }
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0) {
     return 0;
@@ -718,6 +751,9 @@ uint64_t Residency::touch(
 }
 
 uint64_t Residency::forget(uintptr_t addr, uint64_t size) {
+  if (trace_ != nullptr) {
+    trace_->record(TraceRecord{TraceRecord::Forget, addr, size});
+  }
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0 || !seg->tracked || seg->replayed) {
     return 0;
@@ -749,6 +785,11 @@ uint64_t Residency::evict(
     void* stream,
     const DeviceLimits& limits,
     std::vector<Action>& out) {
+  if (trace_ != nullptr) {
+    TraceRecord r{TraceRecord::Evict, addr, size, 0, reinterpret_cast<uintptr_t>(stream)};
+    r.limits = limits;
+    trace_->record(r);
+  }
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0 || !limits.can_act) {
     return 0;

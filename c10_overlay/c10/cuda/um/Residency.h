@@ -239,6 +239,51 @@ struct DeviceLimits {
   bool read_copies = false;
 };
 
+// Note [Ledger traces]
+// ~~~~~~~~~~~~~~~~~~~~
+// The ledger decides from its calls alone: no clock, no CUDA, no state from
+// outside. So a run on the GPU host can record every call that changes the
+// ledger, with its arguments (TORCH_UM_LEDGER_TRACE, LedgerTrace.h), and a
+// CPU can replay the recording against this class: the replay decides what
+// the run decided, and a different choice of victims can be priced on the
+// same calls (bench/ledger_replay.cpp). The record of one call:
+struct TraceRecord {
+  enum Op : char {
+    AddSegment = 'S',
+    RemoveSegment = 'R',
+    Alloc = 'A', // onAlloc
+    Free = 'F', // onFree
+    Touch = 'T',
+    Forget = 'G',
+    Evict = 'E',
+  };
+  Op op = Alloc;
+  uintptr_t addr = 0;
+  uint64_t size = 0;
+  int device = 0; // AddSegment, Touch
+  uintptr_t stream = 0; // AddSegment, Alloc, Touch, Evict
+  bool flag = false; // AddSegment: tracked; Alloc, Free: replayed; Touch: read_only
+  bool adopted = false; // AddSegment
+  Policy policy = Policy::Lru; // AddSegment, Alloc, Touch
+  DeviceLimits limits; // AddSegment, Alloc, Touch, Evict
+};
+// Receives each record before the call acts. Called under the caller's
+// serialisation of the ledger (the engine's lock), in call order.
+class TraceSink {
+ public:
+  virtual ~TraceSink() = default;
+  virtual void record(const TraceRecord& r) = 0;
+};
+// Which dead chunk leaves first when room is needed. The ledger's own order
+// is the least recently touched; bench/ledger_replay.cpp installs others to
+// price them on recorded traces. `candidates` are chunk addresses, oldest
+// first (never empty); returns the index of the one to take.
+class DeadChoice {
+ public:
+  virtual ~DeadChoice() = default;
+  virtual size_t pick(const std::vector<uintptr_t>& candidates) = 0;
+};
+
 struct ResidencyCounters {
   uint64_t touches = 0; // ranges reported as about to be used
   uint64_t prefetch_bytes = 0; // live bytes migrated to the device
@@ -329,6 +374,17 @@ class Residency {
       void* stream,
       const DeviceLimits& limits,
       std::vector<Action>& out);
+
+  // Note [Ledger traces]: `sink` (not owned; nullptr: none) receives every
+  // call that changes the ledger from now on.
+  void setTrace(TraceSink* sink) {
+    trace_ = sink;
+  }
+  // Replays only: another order for dead victims (not owned; nullptr: the
+  // least recently touched, the ledger's own).
+  void setDeadChoice(DeadChoice* choice) {
+    dead_choice_ = choice;
+  }
 
   // The device of the managed segment holding addr, or -1 (interior
   // pointers of split blocks included).
@@ -485,6 +541,9 @@ class Residency {
       const DeviceLimits& limits,
       std::vector<Action>& out,
       bool read_only = false);
+  // The dead chunk dead_choice_ picks among those of `dead` touched before
+  // `protect_tick` (at least the first is).
+  uintptr_t chooseDead(const Order& dead, uint64_t protect_tick);
   // Chunk i of seg leaves the device (Where::Host): dropped and discarded
   // when dead, evicted when live, ReadMostly unset first if it is a dup.
   // Returns its bytes.
@@ -517,6 +576,8 @@ class Residency {
   void* evict_seq_stream_ = nullptr; // and its stream
   bool evict_seq_discard_ = false; // and whether it discards
   ResidencyCounters counters_;
+  TraceSink* trace_ = nullptr;
+  DeadChoice* dead_choice_ = nullptr;
 };
 
 } // namespace c10::cuda::um

@@ -1,0 +1,57 @@
+// Ledger traces: the residency ledger's calls written to a file on the GPU
+// host and read back on a CPU (Note [Ledger traces], Residency.h).
+//
+// Recording is off unless TORCH_UM_LEDGER_TRACE names a file: each process
+// that makes the engine then writes PATH.<pid>, one line per call:
+//
+//   <op> <addr> <size> <device> <stream> <flag> <adopted> <policy>
+//        <budget> <can_act> <discard> <read_copies>
+//
+// op is TraceRecord::Op's letter, addr and stream are hexadecimal, the rest
+// decimal; policy is 0 for static, 1 for lru. A diagnostic for the team, not
+// a user setting: a 1 B-parameter training step writes some 100 000 lines.
+//
+// Pure C++ (no CUDA, no c10), like Residency: the replay tool and the CPU
+// tests build it with Residency.cpp alone.
+#pragma once
+
+#include <c10/cuda/um/Residency.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace c10::cuda::um {
+
+constexpr const char* kLedgerTraceEnvVar = "TORCH_UM_LEDGER_TRACE";
+
+// One record as one line of text (no newline), and back. parseTrace returns
+// false, and leaves `r` unspecified, for a line that is not a record.
+std::string formatTrace(const TraceRecord& r);
+bool parseTrace(std::string_view line, TraceRecord& r);
+
+// Makes the ledger call `r` records, as the engine made it.
+void replayTrace(Residency& ledger, const TraceRecord& r, std::vector<Action>& out);
+
+// A TraceSink that writes lines to a file. Buffered in memory and written
+// in large pieces, and at the process's exit; a fork()ed child writes
+// nothing (its copy of the buffer is the parent's). Not thread-safe: the
+// ledger's caller serialises record(), as it serialises the ledger.
+class TraceFile final : public TraceSink {
+ public:
+  // Opens PATH.<pid> for writing, or returns nullptr and says why in `why`.
+  static std::unique_ptr<TraceFile> open(const std::string& path, std::string& why);
+  ~TraceFile() override;
+  void record(const TraceRecord& r) override;
+  void flush();
+
+ private:
+  TraceFile(int fd, int pid) : fd_(fd), pid_(pid) {}
+  int fd_;
+  int pid_; // the process that opened it
+  std::string buffer_;
+};
+
+} // namespace c10::cuda::um
