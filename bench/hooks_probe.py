@@ -4,9 +4,9 @@ what the module hooks of the +um Python layer cost the host (issue 8, prediction
     python -m bench.hooks_probe --mode um [--conf TEXT] [--forwards 6] [--profile]
     python -m bench.hooks_probe --mode stock          # the same forward on stock torch
 
-Runs bench.residency's infer workload (the 1.28 B GPT-2, batch 8 x 512 under
-inference_mode; ``um`` at the 2 GiB budget, total-managed cap at 80 % of free memory),
-warms up, then prints JSON lines:
+Runs bench.residency's infer workload (its model, ``--model``: the 1.28 B GPT-2 by
+default; batch 8 x 512 under inference_mode; ``um`` at the 2 GiB budget, total-managed
+cap at 80 % of free memory), warms up, then prints JSON lines:
 
 - per forward, the host seconds until ``model(ids)`` returns and the wall seconds until
   the device is done: host well under wall means the device bounds the forward; host
@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench import models
 from bench.common import (
     FULL_SPEED,
     counter_change,
@@ -174,6 +175,7 @@ def by_route(first: dict[str, Any], slow_canary: float) -> dict[str, dict[str, A
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("stock", "um"), required=True)
+    ap.add_argument("--model", choices=tuple(models.MODELS), default=models.DEFAULT)
     ap.add_argument("--conf", default=UM_CONF["um-predict"], help="engine settings (um)")
     ap.add_argument("--budget", default=DEFAULT_BUDGET["infer"])
     ap.add_argument("--warmup", type=int, default=8)
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     free, _total, cap = safe_cap(torch)
     if um is not None:
         um.configure(a.conf, enabled=True, max_managed=cap, device_budget=parse_size(a.budget))
-    model = _build_model(torch, "infer").to("cuda")
+    model = _build_model(torch, "infer", a.model).to("cuda")
     ids = _tokens(torch, "infer").to("cuda")
 
     def forward() -> None:

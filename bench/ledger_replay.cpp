@@ -95,18 +95,19 @@ class NextUse final : public DeadChoice {
   size_t now_ = 0;
 };
 
+// Bytes under the engine's own counter names (torch.cuda.um.stats(): prefetch_bytes is
+// its touch_prefetch_bytes), so that a replay is checked against the run's stats.
 void printJson(const char* order, const ResidencyCounters& c, size_t allocs,
                double seconds) {
-  const double gb = 1e9;
+  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf(
-      "{\"order\": \"%s\", \"allocs\": %zu, \"discard_gb\": %.3f, \"reuse_gb\": %.3f, "
-      "\"evict_gb\": %.3f, \"prefetch_gb\": %.3f, \"duplicate_gb\": %.3f, "
-      "\"map_host_gb\": %.3f, \"discards\": %llu, \"evictions\": %llu, "
-      "\"replay_s\": %.2f}\n",
-      order, allocs, c.discard_bytes / gb, c.reuse_bytes / gb, c.evict_bytes / gb,
-      c.prefetch_bytes / gb, c.duplicate_bytes / gb, c.map_host_bytes / gb,
-      static_cast<unsigned long long>(c.discards),
-      static_cast<unsigned long long>(c.evictions), seconds);
+      "{\"order\": \"%s\", \"allocs\": %zu, \"discard_bytes\": %llu, "
+      "\"reuse_bytes\": %llu, \"evict_bytes\": %llu, \"touch_prefetch_bytes\": %llu, "
+      "\"duplicate_bytes\": %llu, \"map_host_bytes\": %llu, \"discards\": %llu, "
+      "\"evictions\": %llu, \"replay_s\": %.2f}\n",
+      order, allocs, u(c.discard_bytes), u(c.reuse_bytes), u(c.evict_bytes),
+      u(c.prefetch_bytes), u(c.duplicate_bytes), u(c.map_host_bytes), u(c.discards),
+      u(c.evictions), seconds);
 }
 
 ResidencyCounters minus(const ResidencyCounters& a, const ResidencyCounters& b) {

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -203,3 +205,57 @@ def test_pressure_watcher_is_stopped_before_the_interpreter_finalises(
     )
     assert "WATCHER RUNNING True" in out  # the check is meaningful: it ran
     assert "WATCHER ALIVE AT EXIT False" in out
+
+
+def test_ledger_trace_replays_to_the_engines_counters(
+    torch_mod: Any, um: Any, limits: Limits, tmp_path: Path
+) -> None:
+    """Note [Ledger traces]: a process past a small budget records its ledger's calls
+    (TORCH_UM_LEDGER_TRACE), and bench/ledger_replay.cpp, built here, replays the file to
+    the very bytes the engine counted: discarded, placed again, evicted, brought back."""
+    from tests.unit.helpers import ROOT, build_engine_test
+
+    um_src = ROOT / "c10_overlay" / "c10" / "cuda" / "um"
+    exe = build_engine_test(
+        tmp_path / "ledger_replay",
+        [ROOT / "bench" / "ledger_replay.cpp", um_src / "Residency.cpp", um_src / "LedgerTrace.cpp"],
+        "-O2",
+    )
+    keys = ("discard_bytes", "reuse_bytes", "evict_bytes", "touch_prefetch_bytes")
+    out = _run_child(
+        f"""
+        import json, os, random
+        import torch
+        um = torch.cuda.um
+        um.configure(device_budget=256 << 20, policy="lru", discard=True)
+        rng = random.Random(0)
+        live = []
+        for step in range(300):
+            if live and rng.random() < 0.45:
+                live.pop(rng.randrange(len(live)))
+            else:
+                n = rng.choice([1 << 18, 3 << 20, 9 << 20, 24 << 20])
+                live.append(torch.full((n,), 1.0, device="cuda"))
+            if step % 25 == 0:
+                for t in live:
+                    torch.cuda.um.prefetch(t)  # a use signal: brings evicted data back
+                    t.add_(1.0)
+        torch.cuda.synchronize()
+        s = um.stats()
+        print("STATS", os.getpid(), json.dumps({{k: int(s["um." + k]) for k in {keys!r}}}))
+        """,
+        subprocess_env(limits, TORCH_UM_LEDGER_TRACE=str(tmp_path / "trace")),
+    )
+    line = next(x for x in out.splitlines() if x.startswith("STATS "))
+    _, pid, text = line.split(" ", 2)
+    stats = json.loads(text)
+    assert stats["evict_bytes"] > 0 and stats["discard_bytes"] > 0, stats  # past the budget
+    traces = list(tmp_path.glob("trace.*"))
+    assert [p.name for p in traces] == [f"trace.{pid}"]
+    done = subprocess.run(
+        [str(exe), str(traces[0]), "--from", "0"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    replayed = json.loads(done.stdout.splitlines()[0])
+    assert replayed["order"] == "lru"
+    assert {k: replayed[k] for k in keys} == stats

@@ -97,10 +97,9 @@ def test_ledger_replay_prices_the_dead_order_against_belady(tmp_path: Path) -> N
     lru, belady = rows["lru"], rows["belady"]
     assert lru["allocs"] == belady["allocs"] == 10 * 12  # the last half of the steps
     # LRU: all twelve chunks come back in each step; Belady keeps seven in place.
-    assert lru["reuse_gb"] == pytest.approx(10 * 12 * MIB2 / 1e9, rel=0.01)
-    assert 0 < belady["reuse_gb"] <= lru["reuse_gb"] / 2
-    assert lru["discard_gb"] == pytest.approx(lru["reuse_gb"], rel=0.01)
-    assert lru["evict_gb"] == belady["evict_gb"] == 0  # nothing live ever leaves
+    assert lru["reuse_bytes"] == lru["discard_bytes"] == 10 * 12 * MIB2
+    assert 0 < belady["reuse_bytes"] <= lru["reuse_bytes"] / 2
+    assert lru["evict_bytes"] == belady["evict_bytes"] == 0  # nothing live ever leaves
 
     everything = subprocess.run(
         [str(exe), str(trace), "--from", "0"], capture_output=True, text=True, timeout=60
