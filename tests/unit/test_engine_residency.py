@@ -121,3 +121,37 @@ def test_ledger_replay_names_a_bad_line_and_bad_arguments(tmp_path: Path) -> Non
         [str(exe), str(tmp_path / "none")], capture_output=True, text=True, timeout=60
     )
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+RECORDED = ROOT / "bench" / "results" / "ledger-replay-h200-2026-11-27-step36.json"
+
+
+def test_recorded_gpu_traces_replay_to_the_runs_counters(tmp_path: Path) -> None:
+    """The ledger traces of bench/README.md's step 36 (a Llama's training and two inference
+    workers on the H200) replay, with sanitizers on, to the bytes each run's engine
+    counted, and Belady's order never moves more. A change to the ledger's decisions shows
+    here: if it is meant, replay the traces with bench/ledger_replay.cpp, say what moved in
+    bench/README.md, and update the expected rows of the JSON beside the traces."""
+    import json
+    import lzma
+
+    exe = build_engine_test(
+        tmp_path / "ledger_replay", LEDGER_REPLAY, "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+    )
+    recorded = json.loads(RECORDED.read_text())["traces"]
+    assert len(recorded) == 3
+    keys = ("discard_bytes", "reuse_bytes", "evict_bytes", "touch_prefetch_bytes")
+    for name, expect in recorded.items():
+        trace = tmp_path / name.removesuffix(".xz")
+        trace.write_bytes(lzma.decompress((RECORDED.parent / name).read_bytes()))
+        done = subprocess.run(
+            [str(exe), str(trace), "--from", "0"], capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        lru, belady = map(json.loads, done.stdout.splitlines())
+        for row in (lru, belady):
+            row.pop("replay_s")  # this machine's seconds
+        assert {k: lru[k] for k in keys} == expect["run_stats"], name
+        assert lru["discard_bytes"] > 0 and belady["discard_bytes"] <= lru["discard_bytes"]
+        assert [lru, belady] == expect["replay"]["0"], name
