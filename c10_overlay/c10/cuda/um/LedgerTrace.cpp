@@ -136,14 +136,20 @@ TraceFile::~TraceFile() {
 }
 
 void TraceFile::record(const TraceRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
   buffer_ += formatTrace(r);
   buffer_ += '\n';
   if (buffer_.size() >= kWriteAt) {
-    flush();
+    flushLocked();
   }
 }
 
 void TraceFile::flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  flushLocked();
+}
+
+void TraceFile::flushLocked() {
   if (static_cast<int>(getpid()) != pid_) {
     buffer_.clear(); // a fork()ed child's copy of the parent's lines
     return;

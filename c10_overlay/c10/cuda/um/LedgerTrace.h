@@ -19,6 +19,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,8 +38,10 @@ void replayTrace(Residency& ledger, const TraceRecord& r, std::vector<Action>& o
 
 // A TraceSink that writes lines to a file. Buffered in memory and written
 // in large pieces, and at the process's exit; a fork()ed child writes
-// nothing (its copy of the buffer is the parent's). Not thread-safe: the
-// ledger's caller serialises record(), as it serialises the ledger.
+// nothing (its copy of the buffer is the parent's). Thread-safe: record()
+// and flush() take the file's own lock, so that the flush at exit cannot
+// race a record on another thread (the ledger's caller serialises records
+// already, so the lock is never contended then).
 class TraceFile final : public TraceSink {
  public:
   // Opens PATH.<pid> for writing, or returns nullptr and says why in `why`.
@@ -49,6 +52,8 @@ class TraceFile final : public TraceSink {
 
  private:
   TraceFile(int fd, int pid) : fd_(fd), pid_(pid) {}
+  void flushLocked(); // requires mu_
+  std::mutex mu_;
   int fd_;
   int pid_; // the process that opened it
   std::string buffer_;
