@@ -135,7 +135,14 @@ TraceFile::~TraceFile() {
   }
 }
 
+bool TraceFile::forked() const {
+  return static_cast<int>(getpid()) != pid_;
+}
+
 void TraceFile::record(const TraceRecord& r) {
+  if (forked()) {
+    return; // the lock and the lines are the parent's copies
+  }
   std::lock_guard<std::mutex> lock(mu_);
   buffer_ += formatTrace(r);
   buffer_ += '\n';
@@ -145,15 +152,14 @@ void TraceFile::record(const TraceRecord& r) {
 }
 
 void TraceFile::flush() {
+  if (forked()) {
+    return; // the lock may have been held by a thread the child does not have
+  }
   std::lock_guard<std::mutex> lock(mu_);
   flushLocked();
 }
 
 void TraceFile::flushLocked() {
-  if (static_cast<int>(getpid()) != pid_) {
-    buffer_.clear(); // a fork()ed child's copy of the parent's lines
-    return;
-  }
   size_t done = 0;
   while (done < buffer_.size()) {
     const ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);

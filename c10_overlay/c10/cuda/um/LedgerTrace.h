@@ -9,7 +9,8 @@
 //
 // op is TraceRecord::Op's letter, addr and stream are hexadecimal, the rest
 // decimal; policy is 0 for static, 1 for lru. A diagnostic for the team, not
-// a user setting: a 1 B-parameter training step writes some 100 000 lines.
+// a user setting: a training step of a 1.1 B Llama past its budget wrote
+// about 7 500 lines (0.35 MB), an inference forward about 2 000.
 //
 // Pure C++ (no CUDA, no c10), like Residency: the replay tool and the CPU
 // tests build it with Residency.cpp alone.
@@ -37,11 +38,13 @@ bool parseTrace(std::string_view line, TraceRecord& r);
 void replayTrace(Residency& ledger, const TraceRecord& r, std::vector<Action>& out);
 
 // A TraceSink that writes lines to a file. Buffered in memory and written
-// in large pieces, and at the process's exit; a fork()ed child writes
-// nothing (its copy of the buffer is the parent's). Thread-safe: record()
-// and flush() take the file's own lock, so that the flush at exit cannot
-// race a record on another thread (the ledger's caller serialises records
-// already, so the lock is never contended then).
+// in large pieces, and at the process's exit. A fork()ed child records and
+// writes nothing, and never takes the lock: its buffer is a copy of the
+// parent's lines, and its lock may be a copy of one held by a thread the
+// child does not have. Thread-safe: record() and flush() take the file's
+// own lock, so that the flush at exit cannot race a record on another
+// thread (the ledger's caller serialises records already, so the lock is
+// not contended then).
 class TraceFile final : public TraceSink {
  public:
   // Opens PATH.<pid> for writing, or returns nullptr and says why in `why`.
@@ -52,6 +55,7 @@ class TraceFile final : public TraceSink {
 
  private:
   TraceFile(int fd, int pid) : fd_(fd), pid_(pid) {}
+  bool forked() const; // this process is a fork()ed child of the opener
   void flushLocked(); // requires mu_
   std::mutex mu_;
   int fd_;
