@@ -5,6 +5,8 @@ invariants after every step. Built with the host's C++ compiler, sanitizers on."
 
 from __future__ import annotations
 
+import json
+import lzma
 import subprocess
 from pathlib import Path
 
@@ -90,8 +92,6 @@ def test_ledger_replay_prices_the_dead_order_against_belady(tmp_path: Path) -> N
     trace.write_text(_cyclic_trace(20))
     done = subprocess.run([str(exe), str(trace)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    import json
-
     rows = {row["order"]: row for row in map(json.loads, done.stdout.splitlines())}
     assert set(rows) == {"lru", "belady"}
     lru, belady = rows["lru"], rows["belady"]
@@ -132,9 +132,6 @@ def test_recorded_gpu_traces_replay_to_the_runs_counters(tmp_path: Path) -> None
     counted, and Belady's order never moves more. A change to the ledger's decisions shows
     here: if it is meant, replay the traces with bench/ledger_replay.cpp, say what moved in
     bench/README.md, and update the expected rows of the JSON beside the traces."""
-    import json
-    import lzma
-
     exe = build_engine_test(
         tmp_path / "ledger_replay", LEDGER_REPLAY, "-fsanitize=address,undefined",
         "-fno-sanitize-recover=all",

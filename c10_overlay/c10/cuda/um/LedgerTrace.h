@@ -18,7 +18,6 @@
 
 #include <c10/cuda/um/Residency.h>
 
-#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
