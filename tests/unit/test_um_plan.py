@@ -346,6 +346,27 @@ def test_stream_target_grows_by_evictions_and_never_shrinks_back_into_them() -> 
     assert t.start(evicted=0, total=4000) == 0 and t.floor == 0  # a record that fits
 
 
+def test_stream_target_grows_by_discards_up_to_the_live_overflow() -> None:
+    """Note [Discards past the budget]: a forward whose overflow shows as dead blocks
+    swapped, not evictions, grows the target to the live bytes past the budget plus the
+    margin, and no further; not for discards within the margin, nor for an overflow
+    larger than the record's streamable bytes (not this forward's to fix)."""
+    t = plan.StreamTarget(margin=100)
+    assert t.start(evicted=400, total=4000, over=700) == 400  # the record's evictions
+    assert t.update(evicted=0, discarded=100, low_room=0, total=4000, over=700) == 400
+    assert t.update(evicted=0, discarded=300, low_room=0, total=4000, over=700) == 700
+    assert t.update(evicted=0, discarded=500, low_room=0, total=4000, over=700) == 800
+    assert t.update(evicted=0, discarded=500, low_room=0, total=4000, over=700) == 800
+    assert t.floor == 700
+    # Discards gone and much room: it shrinks, but not below where they were + margin.
+    assert t.update(evicted=0, discarded=0, low_room=5000, total=4000, over=700) == 800
+    other = plan.StreamTarget(margin=100)
+    other.start(evicted=0, total=4000, over=0)
+    # Optimizer state live past the budget in an eval forward: more than the record holds.
+    assert other.update(evicted=0, discarded=900, low_room=0, total=4000, over=6000) == 0
+    assert other.update(evicted=0, discarded=900, low_room=0, total=4000) == 0  # no reading
+
+
 def _simulated_scan(
     layers: int, per: int, peak: int, lookahead: int, budget: int
 ) -> tuple[int, Callable[[int], tuple[int, int]]]:

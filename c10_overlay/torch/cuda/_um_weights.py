@@ -35,9 +35,11 @@ in a forward without autograd (``no_grad``, ``inference_mode``):
   forward (bench/README.md, prediction step 14). A storage that several calls
   read (tied input and output embeddings) stays on the device;
 - after each such forward the target grows by the live bytes the engine still evicted
-  (past those the streamer sent out itself), and shrinks, never back to where it saw
-  evictions, by half the least free room seen at a call past a margin (a sixteenth of
-  the budget) when the engine neither evicted nor discarded;
+  (past those the streamer sent out itself); by the dead bytes it discarded, past a
+  margin (a sixteenth of the budget), up to the live bytes past the budget plus the
+  margin (Note [Discards past the budget], _um_plan.py); and shrinks, never back to
+  where it saw either, by half the least free room seen at a call past the margin when
+  the engine neither evicted nor discarded;
 - a forward that departs from its record (other modules, another order, a parameter
   replaced) streams nothing from the departure on: the calls after it read their
   parameters where they are, under the plain policy, and the forward becomes the new
@@ -819,7 +821,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             if repeated:
                 assert record is not None
                 if run.ring is not None or record.target.bytes == 0:  # not a failed ring
-                    record.target.update(evicted, discarded, low, record.total)
+                    record.target.update(evicted, discarded, low, record.total, over)
                 if evicted:
                     self.stats["pressured"] += 1
             else:
