@@ -269,9 +269,9 @@ class StreamTarget:
             # they were. Only while those bytes are no more than the record's
             # streamable ones: an overflow larger than the forward's own weights (an
             # eval forward during training, its optimizer state live past the budget)
-            # is not this forward's to fix by streaming. Step 16 grew the target until
-            # the discards stopped, without this bound, and streamed every weight for
-            # nothing.
+            # is not this forward's to fix by streaming. Steps 16 and 34 grew the
+            # target by discards without this bound: to every weight of the GPT-2, and
+            # to 1.33 GB of the Llama's, for nothing.
             self.floor = max(self.floor, self.bytes)
             target = min(self.bytes + discarded, over + self.margin)
         elif discarded == 0 and low_room > 2 * self.margin:
