@@ -262,11 +262,11 @@ class StreamTarget:
             # allocator's cached blocks a forward, and at 835 MB with 0.19 GB in others;
             # the ledger traces of both show the same cache and the same live peak,
             # 0.6 GiB past the budget. Each swap holds the allocating thread (it waits
-            # for the evictor; 13-15 ms a forward there). So discards past a margin
-            # grow the target by the bytes discarded, up to the live bytes past the
-            # budget at the forward's end plus the margin (what must leave for the live
-            # bytes to fit, start()'s bound), and it does not shrink back below where
-            # they were. Only while those bytes are no more than the record's
+            # for the evictor: 3-14 ms a forward in step 37's probes). So discards past
+            # a margin grow the target by the bytes discarded, up to the live bytes
+            # past the budget at the forward's end plus the margin (what must leave for
+            # the live bytes to fit, start()'s bound), and it does not shrink back below
+            # where they were. Only while those bytes are no more than the record's
             # streamable ones: an overflow larger than the forward's own weights (an
             # eval forward during training, its optimizer state live past the budget)
             # is not this forward's to fix by streaming. Steps 16 and 34 grew the
