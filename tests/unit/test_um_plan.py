@@ -413,6 +413,45 @@ def test_first_target_is_what_did_not_fit_not_the_scan_lru_cycled() -> None:
     assert t.start(evicted=5000, total=4000) == 4000  # no reading of the placed bytes
 
 
+@pytest.mark.parametrize("rule", [True, False])
+def test_an_overflow_shown_as_discards_settles_where_the_live_bytes_fit(rule: bool) -> None:
+    """Note [Discards past the budget], on a simulated device whose engine makes room
+    from dead blocks first (the Llama's inference, bench/README.md step 37): the
+    allocator's cache holds ``cache`` dead bytes the forward hands out again, and a
+    forward's room is what the budget leaves beside its live bytes. Live bytes that do
+    not fit evict only once the dead are gone, so a target grown by evictions alone
+    stops where the live bytes just fit, and the cached blocks past that room are
+    swapped every forward. With discards counted it settles with at least the margin
+    beside the live bytes, and streams no more than the live overflow plus the margin
+    (and a call's rounding)."""
+    per, peak, ring, margin, budget = 100 * MiB, 300 * MiB, 128 * MiB, 128 * MiB, 2 << 30
+    cache = 200 * MiB
+    calls = _scan_calls(24, per)
+    total = plan.unique_bytes(calls)
+    over = total + peak + ring - budget  # live bytes past the budget, wherever placed
+
+    def forward(target: int) -> tuple[int, int, int]:
+        """-> (evicted, discarded, room beside the live bytes) in a forward at ``target``."""
+        streamed = sum(per for p in _plan(calls, target) if p)
+        room = budget - (total - streamed + peak + ring)
+        if room < 0:
+            return -room, cache, room
+        return 0, max(0, cache - room), room
+
+    t = plan.StreamTarget(margin=margin)
+    t.start(evicted=over // 2, total=total, over=over)  # the record saw part of it
+    for _ in range(12):
+        evicted, discarded, _ = forward(t.bytes)
+        t.update(evicted, discarded, 0, total, over if rule else None)
+    evicted, discarded, room = forward(t.bytes)
+    assert evicted == 0  # either way, no live byte evicted in the end
+    if rule:
+        assert room >= margin and discarded <= cache - margin
+        assert t.bytes <= over + margin + per
+    else:
+        assert 0 <= room < margin and discarded > margin  # swaps the rule would have seen
+
+
 @pytest.mark.parametrize("bounded", [True, False])
 def test_a_scan_that_cycled_through_lru_settles_near_what_does_not_fit(bounded: bool) -> None:
     """generate() past the budget (bench/README.md, prediction step 31): the record's
