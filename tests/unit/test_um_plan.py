@@ -357,7 +357,7 @@ def test_stream_target_grows_by_discards_up_to_the_live_overflow() -> None:
     assert t.update(evicted=0, discarded=300, low_room=0, total=4000, over=700) == 700
     assert t.update(evicted=0, discarded=500, low_room=0, total=4000, over=700) == 800
     assert t.update(evicted=0, discarded=500, low_room=0, total=4000, over=700) == 800
-    assert t.floor == 700
+    assert t.floor == 700 and t.discard_growths == 2  # the counter of um.predict_stats()
     # Discards gone and much room: it shrinks, but not below where they were + margin.
     assert t.update(evicted=0, discarded=0, low_room=5000, total=4000, over=700) == 800
     other = plan.StreamTarget(margin=100)
@@ -365,6 +365,7 @@ def test_stream_target_grows_by_discards_up_to_the_live_overflow() -> None:
     # Optimizer state live past the budget in an eval forward: more than the record holds.
     assert other.update(evicted=0, discarded=900, low_room=0, total=4000, over=6000) == 0
     assert other.update(evicted=0, discarded=900, low_room=0, total=4000) == 0  # no reading
+    assert other.discard_growths == 0
 
 
 def _simulated_scan(

@@ -221,6 +221,7 @@ class StreamTarget:
     margin: int
     bytes: int = 0
     floor: int = 0  # the largest target that still saw evictions
+    discard_growths: int = 0  # updates that grew the target by discards
 
     def start(self, evicted: int, total: int, over: int | None = None) -> int:
         # Note [The first target]
@@ -274,6 +275,7 @@ class StreamTarget:
             # to 1.33 GB of the Llama's, for nothing.
             self.floor = max(self.floor, self.bytes)
             target = min(self.bytes + discarded, over + self.margin)
+            self.discard_growths += 1
         elif discarded == 0 and low_room > 2 * self.margin:
             shrunk = self.bytes - (low_room - self.margin) // 2
             target = max(shrunk, min(self.bytes, self.floor + self.margin))

@@ -409,6 +409,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                 "stale",
                 "write_backs",
                 "pressured",
+                "discard_growths",
                 "target_bytes",
                 "low_room_bytes",
                 "copy_sms",
@@ -821,7 +822,9 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
             if repeated:
                 assert record is not None
                 if run.ring is not None or record.target.bytes == 0:  # not a failed ring
+                    grown = record.target.discard_growths
                     record.target.update(evicted, discarded, low, record.total, over)
+                    self.stats["discard_growths"] += record.target.discard_growths - grown
                 if evicted:
                     self.stats["pressured"] += 1
             else:

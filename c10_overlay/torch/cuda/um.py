@@ -1338,9 +1338,12 @@ def predict_stats() -> dict[str, int]:
     ``predict.stream_stale`` (copies not used: the parameter changed after its copy),
     ``predict.stream_write_backs`` (parameters a call wrote in place, copied back),
     ``predict.stream_pressured`` (forwards in which the engine still evicted to make
-    room: the target grew), ``predict.stream_copy_sms`` (the SMs the copies hold: a
-    green context's SMs under ``predict_copy_kernel:foreach``, or the lean copy
-    kernel's blocks under ``lean``, the default; 0: any) and
+    room: the target grew), ``predict.stream_discard_growths`` (forwards in which it
+    discarded dead blocks past a margin instead, and the target grew by them: Note
+    [Discards past the budget], torch/cuda/_um_plan.py), ``predict.stream_copy_sms``
+    (the SMs the copies hold: a green context's SMs under
+    ``predict_copy_kernel:foreach``, or the lean copy kernel's blocks under ``lean``,
+    the default; 0: any) and
     ``predict.stream_lean_copies`` (parameters copied by the lean copy kernel: Note
     [Lean copies], torch/cuda/_um_copy.py); and of DistributedDataParallel's buckets
     (``predict_ddp_buckets``, Note [DDP's buckets between steps],
