@@ -41,32 +41,58 @@ using namespace c10::cuda::um;
 
 namespace {
 
+// The managed segments as the run had them at a point of its trace.
+class Segments {
+ public:
+  struct Segment {
+    uintptr_t base;
+    uint64_t size;
+    uintptr_t stream;
+  };
+  // Follows one record: AddSegment and RemoveSegment change the set.
+  void follow(const TraceRecord& r) {
+    if (r.op == TraceRecord::AddSegment) {
+      all_[r.addr] = Segment{r.addr, r.size, r.stream};
+    } else if (r.op == TraceRecord::RemoveSegment) {
+      all_.erase(r.addr);
+    }
+  }
+  // The segment holding addr, or nullptr.
+  const Segment* find(uintptr_t addr) const {
+    auto it = all_.upper_bound(addr);
+    if (it == all_.begin()) {
+      return nullptr;
+    }
+    --it;
+    return addr < it->first + it->second.size ? &it->second : nullptr;
+  }
+  const std::map<uintptr_t, Segment>& all() const {
+    return all_;
+  }
+
+ private:
+  std::map<uintptr_t, Segment> all_; // by base
+};
+
 // Belady's choice over the trace's future uses of each chunk.
 class NextUse final : public DeadChoice {
  public:
   explicit NextUse(const std::vector<TraceRecord>& trace) {
-    std::map<uintptr_t, uint64_t> segments; // base -> size, as the run had them
+    Segments segments;
     for (size_t k = 0; k < trace.size(); ++k) {
       const TraceRecord& r = trace[k];
-      if (r.op == TraceRecord::AddSegment) {
-        segments[r.addr] = r.size;
-      } else if (r.op == TraceRecord::RemoveSegment) {
-        segments.erase(r.addr);
-      } else if (r.op == TraceRecord::Alloc || r.op == TraceRecord::Touch) {
-        auto it = segments.upper_bound(r.addr);
-        if (it == segments.begin()) {
-          continue;
-        }
-        --it;
-        const uintptr_t base = it->first;
-        if (r.addr >= base + it->second || r.size == 0) {
-          continue;
-        }
-        const uintptr_t hi = std::min<uintptr_t>(r.addr + r.size, base + it->second);
-        for (uintptr_t c = base + (r.addr - base) / kChunkBytes * kChunkBytes; c < hi;
-             c += kChunkBytes) {
-          uses_[c].push_back(k);
-        }
+      segments.follow(r);
+      if (r.op != TraceRecord::Alloc && r.op != TraceRecord::Touch) {
+        continue;
+      }
+      const Segments::Segment* seg = segments.find(r.addr);
+      if (seg == nullptr || r.size == 0) {
+        continue;
+      }
+      const uintptr_t hi = std::min<uintptr_t>(r.addr + r.size, seg->base + seg->size);
+      for (uintptr_t c = seg->base + (r.addr - seg->base) / kChunkBytes * kChunkBytes;
+           c < hi; c += kChunkBytes) {
+        uses_[c].push_back(k);
       }
     }
   }
@@ -147,8 +173,6 @@ class Swaps {
   bool release(uintptr_t base, uint64_t size) {
     return releaseIn(fwd_, base, size) && releaseIn(inv_, base, size);
   }
-  size_t swaps = 0;
-  uint64_t swapped_bytes = 0;
 
  private:
   using Map = std::map<uintptr_t, Piece>;
@@ -225,6 +249,12 @@ class Swaps {
   Map inv_; // replay -> run
 };
 
+// Blocks handed out elsewhere than the run's allocator put them.
+struct BlockSwaps {
+  size_t count = 0;
+  uint64_t bytes = 0;
+};
+
 // Replays one record under Note [Pricing the block choice]; false once the pricing
 // cannot go on (a released segment with a moved piece).
 class BlockChooser {
@@ -232,19 +262,19 @@ class BlockChooser {
   bool replay(Residency& ledger, const TraceRecord& r, std::vector<Action>& out) {
     switch (r.op) {
       case TraceRecord::AddSegment:
-        segments_[r.addr] = {r.size, r.stream};
+        segments_.follow(r);
         replayTrace(ledger, r, out);
         return true;
       case TraceRecord::RemoveSegment: {
-        auto seg = segments_.find(r.addr);
-        if (seg != segments_.end()) {
-          if (!swaps_.release(r.addr, seg->second.first)) {
+        const Segments::Segment* seg = segments_.find(r.addr);
+        if (seg != nullptr && seg->base == r.addr) {
+          const uintptr_t end = seg->base + seg->size;
+          if (!swaps_.release(seg->base, seg->size)) {
             return false;
           }
-          const uintptr_t end = r.addr + seg->second.first;
           free_.erase(free_.lower_bound(r.addr), free_.lower_bound(end));
-          segments_.erase(seg);
         }
+        segments_.follow(r);
         replayTrace(ledger, r, out);
         return true;
       }
@@ -269,8 +299,8 @@ class BlockChooser {
     }
     return true;
   }
-  const Swaps& swaps() const {
-    return swaps_;
+  const BlockSwaps& swapped() const {
+    return swapped_;
   }
 
  private:
@@ -306,8 +336,8 @@ class BlockChooser {
       return;
     }
     swaps_.swap(r.addr, here, other, best, r.size);
-    swaps_.swaps += 1;
-    swaps_.swapped_bytes += r.size;
+    swapped_.count += 1;
+    swapped_.bytes += r.size;
   }
   static uint64_t onDevice(const Residency& ledger, uintptr_t addr, uint64_t len) {
     uint64_t n = 0;
@@ -317,12 +347,8 @@ class BlockChooser {
     return n;
   }
   uintptr_t streamOf(uintptr_t addr) const {
-    auto it = segments_.upper_bound(addr);
-    if (it == segments_.begin()) {
-      return 0;
-    }
-    --it;
-    return addr < it->first + it->second.first ? it->second.second : 0;
+    const Segments::Segment* seg = segments_.find(addr);
+    return seg != nullptr ? seg->stream : 0;
   }
   // A range handed out is no longer a free block (nor is any block it overlaps).
   void takeFree(uintptr_t addr, uint64_t len) {
@@ -334,17 +360,17 @@ class BlockChooser {
       it = free_.erase(it);
     }
   }
-  std::map<uintptr_t, std::pair<uint64_t, uintptr_t>> segments_; // base -> (size, stream)
+  Segments segments_;
   std::map<uintptr_t, uint64_t> free_; // whole free blocks, replay addresses -> size
   Swaps swaps_;
+  BlockSwaps swapped_;
   std::vector<std::pair<uintptr_t, uint64_t>> pieces_;
 };
 
 // Bytes under the engine's own counter names (torch.cuda.um.stats(): prefetch_bytes is
 // its touch_prefetch_bytes), so that a replay is checked against the run's stats.
 void printJson(const char* order, const ResidencyCounters& c, size_t allocs,
-               double seconds, const size_t* swaps = nullptr,
-               const uint64_t* swap_bytes = nullptr) {
+               double seconds, const BlockSwaps* swapped = nullptr) {
   auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf(
       "{\"order\": \"%s\", \"allocs\": %zu, \"discard_bytes\": %llu, "
@@ -354,9 +380,9 @@ void printJson(const char* order, const ResidencyCounters& c, size_t allocs,
       order, allocs, u(c.discard_bytes), u(c.reuse_bytes), u(c.evict_bytes),
       u(c.prefetch_bytes), u(c.duplicate_bytes), u(c.map_host_bytes), u(c.discards),
       u(c.evictions));
-  if (swaps != nullptr && swap_bytes != nullptr) {
-    std::printf("\"block_swaps\": %zu, \"block_swap_bytes\": %llu, ", *swaps,
-                u(*swap_bytes));
+  if (swapped != nullptr) {
+    std::printf("\"block_swaps\": %zu, \"block_swap_bytes\": %llu, ", swapped->count,
+                u(swapped->bytes));
   }
   std::printf("\"replay_s\": %.2f}\n", seconds);
 }
@@ -364,17 +390,13 @@ void printJson(const char* order, const ResidencyCounters& c, size_t allocs,
 // Live bytes the ledger holds at the end, over the segments the trace left: the same
 // for every way of replaying it (a moved block moves its live bytes, it makes none).
 uint64_t liveTotal(const Residency& ledger, const std::vector<TraceRecord>& trace) {
-  std::map<uintptr_t, uint64_t> segments;
+  Segments segments;
   for (const TraceRecord& r : trace) {
-    if (r.op == TraceRecord::AddSegment) {
-      segments[r.addr] = r.size;
-    } else if (r.op == TraceRecord::RemoveSegment) {
-      segments.erase(r.addr);
-    }
+    segments.follow(r);
   }
   uint64_t live = 0;
-  for (const auto& [base, size] : segments) {
-    for (uintptr_t c = base; c < base + size; c += kChunkBytes) {
+  for (const auto& [base, seg] : segments.all()) {
+    for (uintptr_t c = base; c < base + seg.size; c += kChunkBytes) {
       live += ledger.liveBytesAt(c);
     }
   }
@@ -451,13 +473,11 @@ int main(int argc, char** argv) {
     BlockChooser chooser;
     std::vector<Action> out;
     ResidencyCounters before;
-    size_t swaps_before = 0;
-    uint64_t swap_bytes_before = 0;
+    BlockSwaps swapped_before;
     for (size_t k = 0; k < trace.size(); ++k) {
       if (k == start) {
         before = ledger.counters();
-        swaps_before = chooser.swaps().swaps;
-        swap_bytes_before = chooser.swaps().swapped_bytes;
+        swapped_before = chooser.swapped();
       }
       belady.at(k);
       out.clear();
@@ -489,10 +509,9 @@ int main(int argc, char** argv) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (choose) {
-      const size_t swaps = chooser.swaps().swaps - swaps_before;
-      const uint64_t swap_bytes = chooser.swaps().swapped_bytes - swap_bytes_before;
-      printJson(order, minus(ledger.counters(), before), allocs, seconds, &swaps,
-                &swap_bytes);
+      const BlockSwaps swapped{chooser.swapped().count - swapped_before.count,
+                               chooser.swapped().bytes - swapped_before.bytes};
+      printJson(order, minus(ledger.counters(), before), allocs, seconds, &swapped);
     } else {
       printJson(order, minus(ledger.counters(), before), allocs, seconds);
     }
