@@ -503,6 +503,45 @@ print(json.dumps(out))
 """
 
 
+SENT_AGAIN_PROBE = r"""
+import json, types, torch
+from torch.cuda import _um_plan, _um_weights
+
+# Four calls of 64 KiB weights, streamed from a record whose target moves: all of them,
+# then half (the others are read in place, so back on the device), then all again.
+layers = [torch.nn.Linear(128, 128, bias=False) for _ in range(4)]
+calls = [_um_weights._Call(m, [("weight", m.weight)]) for m in layers]
+target = _um_plan.StreamTarget(margin=0)
+record = _um_weights._Record(torch.nn.Sequential(*layers), calls, target)
+sends = []  # per send, the layers whose weights went to host RAM
+def send(tensors):
+    sends.append(sorted(i for i, m in enumerate(layers) for t in tensors if t is m.weight))
+st = _um_weights.Streamer(lambda d: (0, 0, 0, 0), send, 1 << 30, 1 << 30, lambda ts: None)
+out = []
+for nbytes in (4 << 16, 2 << 16, 4 << 16, 4 << 16):
+    target.bytes = nbytes
+    picked = record.plan(1 << 30)
+    before = len(sends)
+    st._send_new(types.SimpleNamespace(record=record, plan=picked, device=0, sent=0))
+    out.append({"streams": [i for i, ks in enumerate(picked) if ks], "sent": sends[before:]})
+print(json.dumps(out))
+"""
+
+
+def test_parameters_back_in_the_plan_are_sent_again(um: tuple[UmPath, Path]) -> None:
+    """Note [Sent again] (_um_weights.py): a parameter the plan stopped streaming is read
+    in place, back on the device; when the target grows over it again it is sent to host
+    RAM again, and only it; a plan that does not change sends nothing."""
+    _, venv = um
+    got = probe(venv, SENT_AGAIN_PROBE)
+    assert got[0] == {"streams": [0, 1, 2, 3], "sent": [[0, 1, 2, 3]]}
+    half = got[1]["streams"]
+    assert len(half) == 2 and got[1]["sent"] == []
+    dropped = sorted({0, 1, 2, 3} - set(half))
+    assert got[2] == {"streams": [0, 1, 2, 3], "sent": [dropped]}
+    assert got[3] == {"streams": [0, 1, 2, 3], "sent": []}
+
+
 def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     """Note [Lean copies], Note [Copies on few SMs]: where neither the lean copy kernel
     (asked for) nor a green context can be had, the weight streamer's copies take the plain
