@@ -88,7 +88,8 @@ its budget and policy, before any CUDA allocation. A worker that runs out of mem
 ``{"oom": true}``; any other failure, a crash or a timeout is an ``error`` sample; neither
 stops the run. A UM worker's sample keeps the engine's counters per timed step
 (``timed_counters``: the differences over the STEPS timed steps over STEPS, levels as they
-end), beside its totals over the whole run (``um_stats``, warm-up steps included).
+end), each step's own moves and levels, warm-up steps included (``step_counters``: how the
+run settled), and its totals over the whole run (``um_stats``).
 
 The PCIe floor. A ``link`` worker (stock torch, plain cudaMalloc) measures page-locked copies
 of 1 GiB, best of 3: ``h2d`` and ``d2h`` one way at a time, and ``both``, the bytes per second
@@ -128,6 +129,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import os
 import re
@@ -660,6 +662,18 @@ PHASE_COUNTERS = (
 )
 
 
+# What ``step_counters`` keeps of each step: the moves and the streamer's levels.
+STEP_COUNTERS = (
+    "evict_bytes",
+    "discard_bytes",
+    "reuse_bytes",
+    "predict.stream_sent_bytes",
+    "predict.stream_target_bytes",
+    "predict.stream_low_room_bytes",
+    "predict.target_bytes",
+)
+
+
 def engine_counters(um: Any) -> dict[str, int]:
     """The engine counters of PHASE_COUNTERS and the predictor's (none for stock)."""
     if um is None:
@@ -820,6 +834,7 @@ def _run(
     ids = ids_cpu.to("cuda")
     values: list[float] = []
     clock = _StepClock(host=workload == "infer")
+    marks: list[dict[str, int]] = []  # the engine's counters before each step (none: stock)
     if workload in TRAINING:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         # --phases: the device is synchronised after the forward and after the backward
@@ -828,10 +843,9 @@ def _run(
         # stop the phases from overlapping), so the timed medians of a run with phases are
         # not compared with one without.
         mark = _PhaseClock(torch, um) if phases else None
-        for i in range(warmup + steps):
+        for _ in range(warmup + steps):
             torch.cuda.synchronize()
-            if i == warmup:
-                before = engine_counters(um)
+            marks.append(engine_counters(um))
             clock.start()
             if mark:
                 mark.start()
@@ -852,10 +866,9 @@ def _run(
             info["phases"] = mark.steps
     else:
         with torch.inference_mode():
-            for i in range(warmup + steps):
+            for _ in range(warmup + steps):
                 torch.cuda.synchronize()
-                if i == warmup:
-                    before = engine_counters(um)
+                marks.append(engine_counters(um))
                 clock.start()
                 values.append(_inference_step(torch, model, ids, workload, clock))
     trace_dir = os.environ.get("TORCH_UM_BENCH_TRACE_DIR")
@@ -875,10 +888,17 @@ def _run(
         max_reserved_bytes=int(torch.cuda.max_memory_reserved()),
     )
     info[OUTPUTS[workload]] = values
+    if um is not None:
+        marks.append(engine_counters(um))
+        # Each step's own (warm-up ones included): how the run settled, step by step.
+        info["step_counters"] = [
+            {k: v for k, v in counter_change(a, b).items() if k in STEP_COUNTERS and v}
+            for a, b in itertools.pairwise(marks)
+        ]
     if um is not None and steps > 0:
         # The engine's counters over the timed steps alone (the totals below include the
         # warm-up steps, where a run settles): per step, what a steady step moves.
-        change = counter_change(before, engine_counters(um))
+        change = counter_change(marks[warmup], marks[-1])
         info["timed_counters"] = {
             k: v if k.endswith(LEVELS) else v / steps for k, v in change.items()
         }
