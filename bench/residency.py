@@ -834,7 +834,7 @@ def _run(
     ids = ids_cpu.to("cuda")
     values: list[float] = []
     clock = _StepClock(host=workload == "infer")
-    marks: list[dict[str, int]] = []  # the engine's counters before each step (none: stock)
+    marks: list[dict[str, int]] = []  # the engine's counters before each step ({}: stock)
     if workload in TRAINING:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         # --phases: the device is synchronised after the forward and after the backward
@@ -871,6 +871,8 @@ def _run(
                 marks.append(engine_counters(um))
                 clock.start()
                 values.append(_inference_step(torch, model, ids, workload, clock))
+    if um is not None:
+        marks.append(engine_counters(um))  # after the last timed step, before any profiling
     trace_dir = os.environ.get("TORCH_UM_BENCH_TRACE_DIR")
     if trace_dir and workload not in TRAINING:
         # After the timed steps, two more under torch.profiler: where this very run's
@@ -889,7 +891,6 @@ def _run(
     )
     info[OUTPUTS[workload]] = values
     if um is not None:
-        marks.append(engine_counters(um))
         # Each step's own (warm-up ones included): how the run settled, step by step.
         info["step_counters"] = [
             {k: v for k, v in counter_change(a, b).items() if k in STEP_COUNTERS and v}
