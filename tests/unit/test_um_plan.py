@@ -414,6 +414,52 @@ def test_first_target_is_what_did_not_fit_not_the_scan_lru_cycled() -> None:
     assert t.start(evicted=5000, total=4000) == 4000  # no reading of the placed bytes
 
 
+def test_a_record_made_from_dead_blocks_starts_from_its_discards_too() -> None:
+    """Note [A record made from dead blocks]: discards past the margin count as the
+    record's evictions, under the discard rule's bound; not without ``over``, not at or
+    under the margin, not when the overflow is more than the record streams."""
+    t = plan.StreamTarget(margin=400)
+    # The Llama's second-forward record (step 38): few evictions, many discards.
+    assert t.start(evicted=300, total=4000, over=700, discarded=5000) == 1100
+    assert t.start(evicted=300, total=4000, over=700, discarded=500) == 800
+    assert t.start(evicted=300, total=4000, over=700, discarded=400) == 300  # the margin
+    assert t.start(evicted=300, total=4000, discarded=5000) == 300  # no overflow read
+    assert t.start(evicted=300, total=4000, over=5000, discarded=5000) == 300  # not its own
+    assert t.floor == 0
+
+
+@pytest.mark.parametrize("discards", [True, False])
+def test_a_record_made_after_a_full_cache_settles_at_once(discards: bool) -> None:
+    """The simulated device of the test below, with the record made by a forward after
+    one that filled the allocator's cache (the hooks came on during the first forward):
+    the plain policy made its room from ``cache`` dead bytes and evicted only the live
+    bytes those did not cover. Counting the discards, the target starts where the
+    forwards after it evict nothing and leave the margin beside the live bytes;
+    without, the first forwards after it still evict."""
+    per, peak, ring, margin, budget = 100 * MiB, 300 * MiB, 128 * MiB, 128 * MiB, 2 << 30
+    cache = 1200 * MiB
+    calls = _scan_calls(24, per)
+    total = plan.unique_bytes(calls)
+    over = total + peak + ring - budget
+
+    def forward(target: int) -> tuple[int, int, int]:
+        streamed = sum(per for p in _plan(calls, target) if p)
+        room = budget - (total - streamed + peak + ring)
+        if room < 0:
+            return -room, cache, room
+        return 0, max(0, cache - room), room
+
+    t = plan.StreamTarget(margin=margin)
+    # The record's forward, under the plain policy: the cache gave most of its room.
+    t.start(over - cache // 2 if over > cache // 2 else 0, total, over, cache if discards else 0)
+    evicted, _, room = forward(t.bytes)
+    if discards:
+        assert t.bytes == min(over + margin, total)
+        assert evicted == 0 and room >= margin  # settled from the first forward on
+    else:
+        assert evicted > 0  # the target still has to grow
+
+
 @pytest.mark.parametrize("rule", [True, False])
 def test_an_overflow_shown_as_discards_settles_where_the_live_bytes_fit(rule: bool) -> None:
     """Note [Discards past the budget], on a simulated device whose engine makes room

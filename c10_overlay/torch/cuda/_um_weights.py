@@ -846,7 +846,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
                     self.stats["departures"] += 1  # fewer calls than recorded
                 target = plan.StreamTarget(margin=self.margin)
                 record = _Record(run.root, run.calls, target)
-                target.start(evicted, record.total, over)
+                target.start(evicted, record.total, over, discarded)
                 self._records.pop(id(run.root), None)
                 while len(self._records) >= MAX_RECORDS:
                     self._records.pop(next(iter(self._records)))
