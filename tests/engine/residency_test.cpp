@@ -303,9 +303,9 @@ struct Sim {
     return apply(out, 0) && invariants("restore");
   }
 
-  bool touch(uintptr_t addr, bool read_only = false) {
+  bool touch(uintptr_t addr, bool read_only = false, bool hold = false) {
     std::vector<Action> out;
-    r.touch(addr, live.at(addr), 0, stream, policy, lim, out, read_only);
+    r.touch(addr, live.at(addr), 0, stream, policy, lim, out, read_only, hold);
     if (!apply(out, 0)) {
       return false;
     }
@@ -611,6 +611,49 @@ bool stepTouchBringsBackAnUntouchedBlock(bool step_touches) {
   return true;
 }
 
+// Note [Held ranges]: a workspace that kernels write at every step and no
+// signal names. Held, its own chunks stay on the device through a training
+// loop and a read-only scan that both need its room; the chunk it shares
+// with a neighbour block is not held. Once freed, the hold is gone: its
+// chunks are dead and leave first.
+bool heldWorkspaceStays() {
+  Sim s;
+  s.lim.budget = 10 * kChunkBytes;
+  const uintptr_t ws = 1ull << 32, params = 1ull << 33, pool = 1ull << 34;
+  const uint64_t ws_bytes = 3 * kChunkBytes - 4096;
+  if (!s.addSegment(ws, 3 * kChunkBytes)) return false;
+  if (!s.alloc(ws, ws_bytes)) return false;
+  if (!s.alloc(ws + ws_bytes, 4096)) return false; // the neighbour
+  if (!s.addSegment(params, 2 * kChunkBytes)) return false;
+  if (!s.alloc(params, 2 * kChunkBytes)) return false;
+  if (!s.addSegment(pool, 6 * kChunkBytes)) return false;
+  if (!s.touch(ws, false, /*hold=*/true)) return false;
+  CHECK(s.r.counters().hold_bytes == 2 * kChunkBytes, "%llu bytes held, the workspace's own "
+        "chunks are 2", (unsigned long long)s.r.counters().hold_bytes);
+  auto held = [&] {
+    return s.r.whereIs(ws) == Where::Device && s.r.whereIs(ws + kChunkBytes) == Where::Device;
+  };
+  for (int step = 0; step < 4; ++step) {
+    if (!s.touch(params, /*read_only=*/step % 2 == 1)) return false;
+    for (uint64_t l = 0; l < 6; ++l) {
+      if (!s.alloc(pool + l * kChunkBytes, kChunkBytes)) return false;
+      CHECK(held(), "step %d: a held chunk left the device", step);
+    }
+    for (uint64_t l = 6; l-- > 0;) {
+      if (!s.touch(pool + l * kChunkBytes)) return false;
+      if (!s.free(pool + l * kChunkBytes)) return false;
+      CHECK(held(), "step %d: a held chunk left the device", step);
+    }
+  }
+  CHECK(s.r.counters().evict_bytes > 0, "nothing needed room: nothing was tested");
+  if (!s.free(ws)) return false;
+  const uintptr_t big = 1ull << 35;  // then a phase that needs the whole budget
+  if (!s.addSegment(big, 10 * kChunkBytes)) return false;
+  if (!s.alloc(big, 10 * kChunkBytes)) return false;
+  CHECK(s.r.whereIs(ws) == Where::Host, "a freed workspace stayed held");
+  return true;
+}
+
 // Note [Forgotten content] and Note [DDP's buckets between steps]
 // (torch/cuda/_um_ddp.py): DDP's bucket, forgotten at each forward's start,
 // leaves by discard when the forward needs room and comes back by
@@ -854,7 +897,11 @@ bool recordedTraceReplaysTheSameDecisions() {
     return false;
   }
   CHECK(s.forgetContent(bucket) == 4 * kChunkBytes, "the bucket was not forgotten");
-  if (!s.touch(bucket) || !s.removeSegment(bucket)) {
+  if (!s.touch(bucket) || !s.touch(bucket, false, /*hold=*/true)) {
+    return false;
+  }
+  CHECK(s.r.counters().hold_bytes == 4 * kChunkBytes, "the bucket was not held");
+  if (!s.removeSegment(bucket)) {
     return false;
   }
   std::set<char> ops;
@@ -886,7 +933,7 @@ bool recordedTraceReplaysTheSameDecisions() {
   const ResidencyCounters& y = s.r.counters();
   CHECK(x.discard_bytes == y.discard_bytes && x.reuse_bytes == y.reuse_bytes &&
             x.evict_bytes == y.evict_bytes && x.prefetch_bytes == y.prefetch_bytes &&
-            x.forget_bytes == y.forget_bytes,
+            x.forget_bytes == y.forget_bytes && x.hold_bytes == y.hold_bytes,
         "the replay's counters differ");
   // The file sink writes PATH.<pid>, every record a line, on flush.
   const char* tmp = std::getenv("TMPDIR");
@@ -984,6 +1031,7 @@ int main() {
        [] { return forgottenBucketLeavesWithoutACopy(false); }},
       {"a forgotten bucket leaves and comes back without a copy",
        [] { return forgottenBucketLeavesWithoutACopy(true); }},
+      {"a held workspace stays on the device until freed", heldWorkspaceStays},
       {"a recorded trace replays to the same decisions", recordedTraceReplaysTheSameDecisions},
       {"another order of dead victims is safe", anotherDeadOrderIsSafe},
   };

@@ -641,6 +641,42 @@ def test_inference_under_budget_matches_in_memory(torch_mod: Any, um: Any, limit
     assert _on_device(um) <= 128 * MiB
 
 
+def test_cublas_workspaces_are_held_past_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
+    """Note [Library workspaces] (torch/cuda/_um_workspaces.py): the first forward runs
+    before the hooks (the workspace is made then and may be evicted), the next ones with
+    them. The forward's thread and autograd's each get their workspace held, and the
+    results match the in-memory run, though finding one may free every workspace."""
+
+    def run(past_budget: bool) -> list[torch.Tensor]:
+        if past_budget:
+            _tiny_budget(um, 128 * MiB)
+            um.configure(hooks=False)
+        model, x = _mlp(3)
+        with torch.inference_mode():
+            outs = [model(x).float()]
+        if past_budget:
+            um.configure(hooks=True)
+            _await_hooks(um)
+        with torch.inference_mode():
+            outs += [model(x).float() for _ in range(2)]
+        model.train()
+        model(x).float().square().mean().backward()
+        return [*outs, model[0][0].weight.grad.float()]
+
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    expect = run(False)
+    held = um.stats()["um.hold_bytes"]
+    got = run(True)
+    for g, e in zip(got, expect, strict=True):
+        assert torch.equal(g, e)
+    stats = um.predict_stats()
+    assert stats["predict.workspaces_held"] >= 2, stats
+    assert stats["predict.workspace_held_bytes"] >= 2 * MiB, stats
+    assert um.stats()["um.hold_bytes"] > held
+    assert _on_device(um) <= 128 * MiB
+
+
 def _built_past_budget(
     um: Any, budget: int, build: Any, seed: int, **conf: Any
 ) -> tuple[torch.nn.Module, torch.Tensor]:

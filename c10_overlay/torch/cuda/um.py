@@ -146,6 +146,7 @@ class _Stats(ctypes.Structure):
             "fence_wait_issuing_ns",
             "forget_bytes",
             "forgotten_discard_bytes",
+            "hold_bytes",
         )
     ]
 
@@ -985,6 +986,8 @@ def _own_tensors(module: Module) -> list[object]:
 
 
 def _pre_forward(module: Module, args: object) -> None:
+    if _workspaces is not None:
+        _workspaces.ensure()  # Note [Library workspaces]
     if torch.is_grad_enabled():
         if _ddp_type is not None and isinstance(module, _ddp_type):
             _buckets.enter(module)  # Note [DDP's buckets between steps]
@@ -1034,6 +1037,8 @@ def _post_forward(module: Module, args: object, output: object) -> None:
         return
 
     def before_backward(grad: torch.Tensor) -> None:
+        if _workspaces is not None:
+            _workspaces.ensure()  # autograd's thread has a workspace of its own
         _touch(ranges)
 
     anchor.register_hook(before_backward)
@@ -1111,6 +1116,7 @@ def _register_hooks() -> None:
         _hook_handles.append(
             nn_module.register_module_forward_hook(streamer.exit, always_call=True)
         )
+    _workspace_finder()
     _hook_handles.append(nn_module.register_module_forward_pre_hook(_pre_forward))
     _hook_handles.append(nn_module.register_module_forward_hook(_post_forward))
     if offloader is not None:
@@ -1219,6 +1225,51 @@ def _optimizer_stager(room: Any, touch: Any) -> Any:
 
 
 _streamer: Any = None
+
+# ---- Note [Library workspaces] (torch/cuda/_um_workspaces.py): cuBLAS's workspaces,
+# found at a thread's first hook and held on the device --------------------------------
+
+_TOUCH_HOLD = 2  # TORCH_UM_TOUCH_HOLD
+_workspaces: Any = None
+
+
+def _probe_gemm(device: int) -> None:
+    """GEMMs on 8x8 matrices through cuBLAS and cuBLASLt (addmm with a bias), so that
+    this thread's workspaces for the current stream exist when it returns."""
+    a = torch.ones(8, 8, device=device)
+    bias = torch.ones(8, device=device)
+    torch.mm(a, a)
+    torch.addmm(bias, a, a)
+    h = a.to(torch.bfloat16)
+    torch.addmm(bias.to(torch.bfloat16), h, h)
+
+
+def _workspace_finder() -> Any:
+    """The process's Workspaces, made on first use (the hooks' install)."""
+    global _workspaces
+    if _workspaces is None:
+        from torch.cuda import _um_streams, _um_workspaces
+
+        def key() -> tuple[int, int, int]:
+            dev = torch.cuda.current_device()
+            return threading.get_ident(), dev, _um_streams.current_handle(dev)
+
+        def hold(ptr: int, size: int, dev: int) -> None:
+            if _lib is not None:
+                _lib.torch_um_touch(ptr, size, dev, _um_streams.current_handle(dev), _TOUCH_HOLD)
+
+        _workspaces = _um_workspaces.Workspaces(
+            key=key,
+            blocks=lambda dev: _um_workspaces.active_blocks(torch.cuda.memory_snapshot(), dev),
+            gemm=_probe_gemm,
+            clear=torch._C._cuda_clearCublasWorkspaces,
+            hold=hold,
+            capturing=lambda: torch.compiler.is_compiling()
+            or torch.cuda.is_current_stream_capturing(),
+            budget=_current_budget,
+        )
+    return _workspaces
+
 
 # Note [DDP's buckets between steps] (torch/cuda/_um_ddp.py): the process's Buckets, and
 # the DDP class _pre_forward looks for while it is on (None: off).
@@ -1351,7 +1402,12 @@ def predict_stats() -> dict[str, int]:
     (buckets forgotten at a forward's start, and the bytes the engine marked; the
     engine's ``um.forgotten_discard_bytes`` counts those that then left the device
     without a copy) and ``predict.ddp_touched`` (forgotten buckets touched back by a
-    gradient hook)."""
+    gradient hook); and of cuBLAS's workspaces, which the hooks hold on the device with
+    or without ``predict`` (Note [Library workspaces], torch/cuda/_um_workspaces.py):
+    ``predict.workspaces_held`` / ``predict.workspace_held_bytes`` (the (thread, stream)
+    pairs whose workspace is held now, and its bytes; the engine's ``um.hold_bytes``
+    counts every hold), ``predict.workspace_clears`` (times every workspace was freed
+    to find one) and ``predict.workspaces_left_alone`` (pairs not held)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())
@@ -1359,6 +1415,8 @@ def predict_stats() -> dict[str, int]:
         out.update(_streamer.counters())
     if _buckets is not None:
         out.update(_buckets.counters())
+    if _workspaces is not None:
+        out.update({"predict." + k: v for k, v in _workspaces.counters().items()})
     return out
 
 

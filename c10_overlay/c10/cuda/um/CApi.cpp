@@ -342,7 +342,8 @@ TORCH_UM_API long long torch_um_touch(
     int device,
     void* stream,
     int flags) {
-  if (device < 0 || (flags & ~TORCH_UM_TOUCH_READ_ONLY) != 0) {
+  if (device < 0 ||
+      (flags & ~(TORCH_UM_TOUCH_READ_ONLY | TORCH_UM_TOUCH_HOLD)) != 0) {
     return -1;
   }
   try {
@@ -351,7 +352,8 @@ TORCH_UM_API long long torch_um_touch(
         size,
         device,
         static_cast<cudaStream_t>(stream),
-        (flags & TORCH_UM_TOUCH_READ_ONLY) != 0));
+        (flags & TORCH_UM_TOUCH_READ_ONLY) != 0,
+        (flags & TORCH_UM_TOUCH_HOLD) != 0));
   } catch (...) {
     return -1;
   }

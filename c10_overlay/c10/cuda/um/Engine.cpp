@@ -130,7 +130,8 @@ bool Engine::move(
     cudaStream_t stream,
     bool any_policy,
     uint64_t* moved,
-    bool read_only) {
+    bool read_only,
+    bool hold) {
   std::vector<Action> actions;
   uint64_t ticket = 0;
   {
@@ -145,7 +146,7 @@ bool Engine::move(
       *moved = residency_.evict(addr, size, stream, lim, actions);
     } else if (any_policy || cfg_.lru) {
       *moved = residency_.touch(
-          addr, size, location, stream, policy(), lim, actions, read_only);
+          addr, size, location, stream, policy(), lim, actions, read_only, hold);
     }
     if (actions.empty()) {
       return true;
@@ -166,9 +167,10 @@ uint64_t Engine::touch(
     size_t size,
     int device,
     cudaStream_t stream,
-    bool read_only) {
+    bool read_only,
+    bool hold) {
   uint64_t moved = 0;
-  move(ptr, size, device, stream, /*any_policy=*/false, &moved, read_only);
+  move(ptr, size, device, stream, /*any_policy=*/false, &moved, read_only, hold);
   return moved;
 }
 
@@ -632,6 +634,7 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.evict_ranges = ex.evict_ranges;
   s.forget_bytes = rc.forget_bytes;
   s.forgotten_discard_bytes = rc.forgotten_discard_bytes;
+  s.hold_bytes = rc.hold_bytes;
   return s;
 }
 

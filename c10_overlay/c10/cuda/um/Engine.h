@@ -73,13 +73,15 @@ class Engine {
   // The Python layer's use signal: live [ptr, ptr+size) is about to be used
   // on `device`. Memory that is not an engine segment is ignored. Returns
   // the bytes asked to move. `read_only`: the use only reads it (Note
-  // [Read-only duplicates]).
+  // [Read-only duplicates]). `hold`: it stays on the device until a block
+  // event over it (Note [Held ranges]).
   uint64_t touch(
       const void* ptr,
       size_t size,
       int device,
       cudaStream_t stream,
-      bool read_only = false);
+      bool read_only = false,
+      bool hold = false);
   // Note [Forgotten content] (Residency.h): the content of live
   // [ptr, ptr+size) is dead until its next touch. Policy lru only (elsewhere
   // no touch ends it); memory that is not an engine segment is ignored.
@@ -164,7 +166,8 @@ class Engine {
       cudaStream_t stream,
       bool any_policy,
       uint64_t* moved,
-      bool read_only = false);
+      bool read_only = false,
+      bool hold = false);
 
   mutable std::mutex mu_;
   Config cfg_;

@@ -101,7 +101,7 @@ void replayTrace(Residency& ledger, const TraceRecord& r, std::vector<Action>& o
       break;
     case TraceRecord::Touch:
       ledger.touch(r.addr, r.size, r.device, stream, r.policy, r.limits, out,
-                   r.flag);
+                   r.flag, r.adopted);
       break;
     case TraceRecord::Forget:
       ledger.forget(r.addr, r.size);

@@ -140,8 +140,8 @@ Residency::DeviceLru& Residency::lru(int device) {
 }
 
 Residency::OrderKind Residency::orderOf(const Segment& seg, size_t i) const {
-  if (seg.chunks[i].where == Where::Host) {
-    return OrderKind::None;
+  if (seg.chunks[i].where == Where::Host || seg.chunks[i].held) {
+    return OrderKind::None; // Note [Held ranges]: never a victim
   }
   if (seg.dead(i)) {
     return OrderKind::Dead;
@@ -204,6 +204,9 @@ void Residency::link(Segment& seg, size_t i) {
 void Residency::setWhere(Segment& seg, size_t i, Where to) {
   unlink(seg, i);
   seg.chunks[i].where = to;
+  if (to == Where::Host) {
+    seg.chunks[i].held = false; // Note [Held ranges]: it left, so it ends
+  }
   if (to == Where::Device) {
     seg.chunks[i].evicted_live = false;
   }
@@ -216,12 +219,15 @@ void Residency::setLive(Segment& seg, size_t i, uint32_t live, bool retick) {
   // A block event over the chunk ends what forget() said of it (Note
   // [Forgotten content]); was_dead above is the order it is in now.
   c.stale = false;
+  // So does it end a hold (Note [Held ranges]), which changes the order.
+  const bool was_held = c.held;
+  c.held = false;
   const bool now_dead = seg.tracked && live == 0;
   if (now_dead && !was_dead && c.evicted_live) {
     counters_.evicted_unused_bytes += seg.chunkSize(i);
     c.evicted_live = false;
   }
-  if (!retick && was_dead == now_dead) {
+  if (!retick && was_dead == now_dead && !was_held) {
     c.live = live; // same set, same key
     return;
   }
@@ -684,10 +690,11 @@ uint64_t Residency::touch(
     Policy policy,
     const DeviceLimits& limits,
     std::vector<Action>& out,
-    bool read_only) {
+    bool read_only,
+    bool hold) {
   if (trace_ != nullptr) {
     trace_->record(TraceRecord{TraceRecord::Touch, addr, size, device,
-                               reinterpret_cast<uintptr_t>(stream), read_only, false, policy,
+                               reinterpret_cast<uintptr_t>(stream), read_only, hold, policy,
                                limits});
   }
   Segment* seg = find(addr);
@@ -718,7 +725,8 @@ uint64_t Residency::touch(
   }
   ++tick_;
   uint64_t need = 0;
-  const bool scan = read_only && policy == Policy::Lru;
+  hold = hold && policy == Policy::Lru && seg->tracked && !seg->replayed;
+  const bool scan = read_only && !hold && policy == Policy::Lru;
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];
     if (c.where != Where::Host) {
@@ -731,23 +739,40 @@ uint64_t Residency::touch(
       need += seg->chunkSize(i);
     }
   }
-  if (need == 0) {
-    return 0;
+  uint64_t moved = 0;
+  if (need != 0) {
+    DeviceLimits lim = limits;
+    if (policy == Policy::Static) {
+      // An explicit prefetch under static placement is honoured as asked.
+      lim.budget = UINT64_MAX;
+    } else {
+      DeviceLru& d = lru(seg->device);
+      const uint64_t on_device = d.resident();
+      if (on_device + need > limits.budget) {
+        makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
+                 stream, out);
+      }
+    }
+    moved = bringIn(*seg, first, last, stream, /*dead_content=*/false, addr, hi,
+                    lim, out, scan && limits.read_copies);
   }
-  DeviceLimits lim = limits;
-  if (policy == Policy::Static) {
-    // An explicit prefetch under static placement is honoured as asked.
-    lim.budget = UINT64_MAX;
-  } else {
-    DeviceLru& d = lru(seg->device);
-    const uint64_t on_device = d.resident();
-    if (on_device + need > limits.budget) {
-      makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
-               stream, out);
+  if (hold) {
+    // Note [Held ranges]: the chunks whose every live byte is the range's
+    // (forget()'s test), once on the device.
+    for (size_t i = first; i < last; ++i) {
+      Chunk& c = seg->chunks[i];
+      const uintptr_t clo = seg->chunkAddr(i);
+      if (c.held || c.where == Where::Host || c.stale || c.live == 0 ||
+          c.live != overlap(addr, hi, clo, clo + seg->chunkSize(i))) {
+        continue;
+      }
+      unlink(*seg, i);
+      c.held = true;
+      link(*seg, i);
+      counters_.hold_bytes += seg->chunkSize(i);
     }
   }
-  return bringIn(*seg, first, last, stream, /*dead_content=*/false, addr, hi,
-                 lim, out, scan && limits.read_copies);
+  return moved;
 }
 
 uint64_t Residency::forget(uintptr_t addr, uint64_t size) {
@@ -772,6 +797,7 @@ uint64_t Residency::forget(uintptr_t addr, uint64_t size) {
     }
     unlink(*seg, i);
     c.stale = true;
+    c.held = false; // its content is dead: nothing to hold (Note [Held ranges])
     link(*seg, i);
     marked += sz;
   }
@@ -870,6 +896,10 @@ std::string Residency::checkInvariants() const {
       if (c.stale && (c.live == 0 || !seg.tracked || seg.replayed)) {
         return "a forgotten chunk that holds no forgettable live bytes";
       }
+      if (c.held && (c.live == 0 || c.stale || c.where == Where::Host ||
+                     !seg.tracked || seg.replayed)) {
+        return "a held chunk that is not live on its device";
+      }
       e.bytes[static_cast<int>(c.where)] += seg.chunkSize(i);
       if (c.in != orderOf(seg, i)) {
         return "a chunk is not in the eviction order its state says";
@@ -877,7 +907,7 @@ std::string Residency::checkInvariants() const {
       if (c.in != OrderKind::None && *c.pos != Key{c.tick, seg.chunkAddr(i)}) {
         return "a chunk's entry in the eviction order is not its own";
       }
-      if (c.where != Where::Host) {
+      if (c.where != Where::Host && !c.held) {
         (seg.dead(i) ? e.dead : c.scan ? e.scan : e.live)
             .insert(Key{c.tick, seg.chunkAddr(i)});
         if (seg.dead(i)) {

@@ -127,6 +127,24 @@
 // before its next touch. The Python layer forgets only where the owner
 // itself overwrites the bytes first.
 //
+// Note [Held ranges]
+// ~~~~~~~~~~~~~~~~~~~
+// Every way back to the device goes through a signal: a block handed out, or
+// a touch from the Python layer. A live block that kernels use at every step
+// and that no signal names is left out: cuBLAS keeps one workspace per handle
+// and stream, allocated once from the caching allocator and written by its
+// GEMMs ever after. Once evicted, such a block is read and written in place in
+// host RAM for the rest of the run (AccessedBy, above): on the H200 every
+// GEMM of a Llama forward then ran at 0.4x speed, 10 ms a forward, with
+// nothing moving (bench/README.md, prediction step 39). A touch with `hold`
+// brings the range to the device like any touch and then takes the chunks
+// that hold only its bytes out of the eviction orders: they stay on the
+// device until a block event over them (the block freed, or another handed
+// out in the chunk), an explicit eviction, or a move to another device.
+// Chunks shared with other blocks are touched, not held (the other blocks
+// follow their own signals). The Python layer holds only what it found to be
+// such a workspace (torch/cuda/_um_workspaces.py), a few tens of MiB.
+//
 // Thread safety: none. The caller (Engine) serialises every call.
 #pragma once
 
@@ -263,7 +281,7 @@ struct TraceRecord {
   int device = 0; // AddSegment, Touch
   uintptr_t stream = 0; // AddSegment, Alloc, Touch, Evict
   bool flag = false; // AddSegment: tracked; Alloc, Free: replayed; Touch: read_only
-  bool adopted = false; // AddSegment
+  bool adopted = false; // AddSegment: adopted; Touch: hold (Note [Held ranges])
   Policy policy = Policy::Lru; // AddSegment, Alloc, Touch
   DeviceLimits limits; // AddSegment, Alloc, Touch, Evict
 };
@@ -304,6 +322,9 @@ struct ResidencyCounters {
   // bytes that left the device by Discard while stale.
   uint64_t forget_bytes = 0;
   uint64_t forgotten_discard_bytes = 0;
+  // Note [Held ranges]: bytes of chunks a touch with `hold` took out of the
+  // eviction orders.
+  uint64_t hold_bytes = 0;
 };
 
 class Residency {
@@ -353,7 +374,9 @@ class Residency {
 
   // [addr, addr+size) (live data) is about to be used on `device`: bring it
   // there, making room under the budget. `read_only`: the use only reads
-  // it (Note [Read-only duplicates]). Returns the bytes asked to move.
+  // it (Note [Read-only duplicates]). `hold`: keep the chunks that hold only
+  // the range's bytes on the device until a block event over them (Note [Held
+  // ranges]; read_only is then ignored). Returns the bytes asked to move.
   uint64_t touch(
       uintptr_t addr,
       uint64_t size,
@@ -362,7 +385,8 @@ class Residency {
       Policy policy,
       const DeviceLimits& limits,
       std::vector<Action>& out,
-      bool read_only = false);
+      bool read_only = false,
+      bool hold = false);
   // Note [Forgotten content]: the content of live [addr, addr+size) is dead
   // until the range is next touched. Returns the bytes of the chunks marked
   // stale (those wholly inside the range, holding no other live bytes).
@@ -440,6 +464,9 @@ class Residency {
     // live, but its content is dead until its next touch (Note [Forgotten
     // content]): counted as dead by Segment::dead
     bool stale = false;
+    // on the device until a block event over it: in no eviction order (Note
+    // [Held ranges])
+    bool held = false;
     // evicted while live and not on the device since (evicted_unused_bytes)
     bool evicted_live = false;
     uint64_t evicted_in = 0; // eviction batch that last moved it to host

@@ -91,6 +91,9 @@ typedef struct TorchUmStats {
    * marked, and of those the bytes that then left a device by discard. */
   uint64_t forget_bytes;
   uint64_t forgotten_discard_bytes;
+  /* Note [Held ranges] (Residency.h), process-wide: bytes a touch with
+   * TORCH_UM_TOUCH_HOLD took out of the eviction orders. */
+  uint64_t hold_bytes;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
@@ -157,7 +160,11 @@ enum TorchUmTouchFlags {
   /* The use only reads the range (parameters in a forward without
    * autograd): it comes back as a read-only copy, which later leaves the
    * device without a write-back. A wrong guess costs speed, never data. */
-  TORCH_UM_TOUCH_READ_ONLY = 1
+  TORCH_UM_TOUCH_READ_ONLY = 1,
+  /* The range is used at every step with no further signal (a library's
+   * workspace): the chunks that hold only its bytes stay on the device until
+   * a block event over them (Note [Held ranges], Residency.h). */
+  TORCH_UM_TOUCH_HOLD = 2
 };
 
 /* Live [ptr, ptr+size) is about to be used on device (the use signal of

@@ -1,0 +1,136 @@
+"""cuBLAS's workspaces past the budget: found once, then held on the device.
+
+Note [Library workspaces]
+torch gives cuBLAS one workspace per handle and stream (a handle per thread), taken
+from the caching allocator at that pair's first GEMM and kept for the whole run. Every
+GEMM on the pair writes and reads it, and no signal the engine sees names it: no block
+event after its first, no module owns it. So once the residency policy evicts it (a
+live block no touch names is the coldest there is), it stays in host RAM, read and
+written in place (Note [Which bytes move, and how], Residency.h). Measured on the H200
+with a Llama forward past a 2 GiB budget: every GEMM ran at 0.4x, 10 ms a forward more
+with nothing moving; a GEMM on a fresh workspace, in the same process, ran at full
+speed (bench/README.md, prediction step 39). Whether it was evicted depended on when
+the hooks came on, so a benchmark's workers split between two speeds.
+
+So while the hooks are on, the first hook a thread runs on a stream finds that pair's
+workspace and holds it (``torch_um_touch`` with TORCH_UM_TOUCH_HOLD, Note [Held ranges]
+in Residency.h): it comes back to the device if it was away, and stays there until a
+block event over it. To find it, the hook runs a GEMM on 8x8 matrices and takes the
+blocks of a MiB or more that appeared in the allocator's snapshot meanwhile (the
+matrices are in its small pool). If none appeared, the workspace existed already: every
+workspace is then freed (``torch._C._cuda_clearCublasWorkspaces``, stream-ordered as
+any free) and the GEMM made again, and the other pairs are looked at again at their
+next hook, since their workspaces went too (they come back at their next GEMM, unheld).
+Clears are few: a pair's first hook usually comes before its first GEMM of the step.
+After ``max_clears`` of them, a pair that needs one is left alone.
+
+Not done: under CUDA graph capture (the allocator's blocks then belong to the graph's
+pool, and clearing is not allowed); when the held bytes would pass an eighth of the
+budget. The cost after a pair is found is one dict lookup per hook.
+
+Thread safety: ``ensure`` runs on the thread whose workspace it finds (the forward's,
+autograd's for the backward); the found pairs are behind a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+MiB = 1 << 20
+MIN_WORKSPACE = MiB  # the matrices of the probe live in the allocator's small pool
+
+Block = tuple[int, int]  # (address, size)
+
+
+def active_blocks(snapshot: Iterable[dict[str, Any]], device: int) -> set[Block]:
+    """The allocated blocks of ``device`` in a ``torch.cuda.memory_snapshot()``."""
+    out: set[Block] = set()
+    for seg in snapshot:
+        if seg.get("device") != device:
+            continue
+        for b in seg.get("blocks", ()):
+            if b.get("state") == "active_allocated":
+                out.add((int(b["address"]), int(b["size"])))
+    return out
+
+
+class Workspaces:
+    """The pairs (thread, stream) whose workspaces were found, and the finding.
+
+    ``key`` gives (thread, device, stream) for the calling thread; ``blocks(device)``
+    the allocated blocks now; ``gemm(device)`` runs the probe's GEMMs on the current
+    stream; ``clear()`` frees every workspace; ``hold(ptr, size, device)`` holds a
+    range; ``capturing()`` says whether the current stream is capturing a graph;
+    ``budget()`` the device budget in bytes."""
+
+    def __init__(
+        self,
+        *,
+        key: Callable[[], tuple[int, int, int]],
+        blocks: Callable[[int], set[Block]],
+        gemm: Callable[[int], None],
+        clear: Callable[[], None],
+        hold: Callable[[int, int, int], None],
+        capturing: Callable[[], bool],
+        budget: Callable[[], int],
+        max_clears: int = 4,
+    ) -> None:
+        self._key, self._blocks, self._gemm, self._clear = key, blocks, gemm, clear
+        self._hold, self._capturing, self._budget = hold, capturing, budget
+        self.max_clears = max_clears
+        self._lock = threading.Lock()
+        self._found: dict[tuple[int, int, int], list[Block]] = {}
+        self.clears = 0
+        self.held_bytes = 0  # of the pairs found now
+        self.left_alone = 0  # pairs not held: over max_clears, or over the byte bound
+
+    def ensure(self) -> None:
+        """Called by every hook: finds and holds this pair's workspace the first time."""
+        key = self._key()
+        if key in self._found:
+            return
+        with self._lock:
+            if key in self._found or self._capturing():
+                return
+            self._find(key)
+
+    def _new_blocks(self, device: int) -> list[Block]:
+        before = self._blocks(device)
+        self._gemm(device)
+        return sorted(b for b in self._blocks(device) - before if b[1] >= MIN_WORKSPACE)
+
+    def _find(self, key: tuple[int, int, int]) -> None:
+        device = key[1]
+        new = self._new_blocks(device)
+        if not new:
+            if self.clears >= self.max_clears:
+                self._found[key] = []
+                self.left_alone += 1
+                return
+            # It existed before: free them all and make this one again. The others
+            # went too, so each is looked at again at its next hook.
+            self._clear()
+            self.clears += 1
+            self._found.clear()
+            self.held_bytes = 0
+            new = self._new_blocks(device)
+        size = sum(s for _, s in new)
+        if not new or self.held_bytes + size > self._budget() // 8:
+            self._found[key] = []
+            self.left_alone += 1
+            return
+        for ptr, n in new:
+            self._hold(ptr, n, device)
+        self._found[key] = new
+        self.held_bytes += size
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "workspaces_held": sum(1 for v in self._found.values() if v),
+                "workspace_held_bytes": self.held_bytes,
+                "workspace_clears": self.clears,
+                "workspaces_left_alone": self.left_alone,
+            }

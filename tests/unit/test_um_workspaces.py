@@ -1,0 +1,143 @@
+"""Finding and holding cuBLAS's workspaces (torch/cuda/_um_workspaces.py, Note [Library
+workspaces]) against a simulated cuBLAS: one workspace per (thread, device, stream),
+made at that pair's first GEMM, all freed by a clear. A workspace made before the first
+hook is found by one clear; the pairs that clear freed are found again at their next
+hook; clears are bounded; nothing is done under capture or past the byte bound."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .helpers import load_overlay_module
+
+MiB = 1 << 20
+ws = load_overlay_module("torch/cuda/_um_workspaces.py", "um_workspaces_under_test")
+
+Key = tuple[int, int, int]
+
+
+@dataclass
+class FakeCublas:
+    """The allocator's blocks, cuBLAS's workspaces, and the calls the finder made."""
+
+    size: int = 32 * MiB
+    key: Key = (1, 0, 7)
+    blocks: set[tuple[int, int]] = field(default_factory=set)
+    workspaces: dict[Key, tuple[int, int]] = field(default_factory=dict)
+    next_addr: int = 1 << 32
+    held: list[tuple[int, int, int]] = field(default_factory=list)
+    gemms: int = 0
+    capturing: bool = False
+
+    def alloc(self, size: int) -> tuple[int, int]:
+        b = (self.next_addr, size)
+        self.next_addr += size
+        self.blocks.add(b)
+        return b
+
+    def gemm(self, device: int) -> None:
+        """A GEMM on the current pair: its workspace, if new, and a small output."""
+        self.gemms += 1
+        if self.key not in self.workspaces:
+            self.workspaces[self.key] = self.alloc(self.size)
+        self.alloc(256)
+
+    def clear(self) -> None:
+        for b in self.workspaces.values():
+            self.blocks.discard(b)
+        self.workspaces.clear()
+
+    def finder(self, budget: int = 8 << 30, max_clears: int = 4) -> Any:
+        return ws.Workspaces(
+            key=lambda: self.key,
+            blocks=lambda device: set(self.blocks),
+            gemm=self.gemm,
+            clear=self.clear,
+            hold=lambda ptr, size, device: self.held.append((ptr, size, device)),
+            capturing=lambda: self.capturing,
+            budget=lambda: budget,
+            max_clears=max_clears,
+        )
+
+
+def test_a_workspace_not_made_yet_is_found_without_a_clear_and_held_once() -> None:
+    cu = FakeCublas()
+    f = cu.finder()
+    f.ensure()
+    assert cu.held == [(*cu.workspaces[cu.key], 0)]
+    assert f.counters() == {"workspaces_held": 1, "workspace_held_bytes": 32 * MiB,
+                            "workspace_clears": 0, "workspaces_left_alone": 0}
+    gemms = cu.gemms
+    f.ensure()  # found: a lookup, no GEMM, no second hold
+    assert cu.gemms == gemms and len(cu.held) == 1
+
+
+def test_a_workspace_made_before_the_hooks_is_found_by_one_clear() -> None:
+    cu = FakeCublas()
+    cu.gemm(0)  # the forward before the hooks came on
+    old = cu.workspaces[cu.key]
+    f = cu.finder()
+    f.ensure()
+    new = cu.workspaces[cu.key]
+    assert new != old and old not in cu.blocks
+    assert cu.held == [(*new, 0)]
+    assert f.counters()["workspace_clears"] == 1
+
+
+def test_a_clear_for_one_pair_makes_the_others_found_again() -> None:
+    cu = FakeCublas()
+    f = cu.finder()
+    f.ensure()  # the forward's thread: found, no clear
+    forward = cu.key
+    cu.key = (2, 0, 7)  # autograd's thread, whose workspace exists at its first hook
+    cu.gemm(0)
+    f.ensure()
+    assert f.counters()["workspace_clears"] == 1
+    assert forward not in cu.workspaces  # freed by the clear
+    cu.key = forward
+    f.ensure()  # its next hook, before its next GEMM: found again without a clear
+    assert f.counters() == {"workspaces_held": 2, "workspace_held_bytes": 64 * MiB,
+                            "workspace_clears": 1, "workspaces_left_alone": 0}
+    assert [h[:2] for h in cu.held[-2:]] == [cu.workspaces[(2, 0, 7)], cu.workspaces[forward]]
+
+
+def test_clears_are_bounded() -> None:
+    cu = FakeCublas()
+    f = cu.finder(max_clears=1)
+    cu.gemm(0)
+    f.ensure()
+    cu.key = (2, 0, 7)
+    cu.gemm(0)
+    f.ensure()  # would need a second clear: left alone
+    c = f.counters()
+    assert c["workspace_clears"] == 1 and c["workspaces_left_alone"] == 1
+    assert (2, 0, 7) in cu.workspaces and len(cu.held) == 1
+
+
+def test_nothing_under_capture_and_found_after_it() -> None:
+    cu = FakeCublas(capturing=True)
+    f = cu.finder()
+    f.ensure()
+    assert cu.gemms == 0 and cu.held == []
+    cu.capturing = False
+    f.ensure()
+    assert len(cu.held) == 1
+
+
+def test_no_hold_past_an_eighth_of_the_budget() -> None:
+    cu = FakeCublas()
+    f = cu.finder(budget=128 * MiB)  # an eighth is 16 MiB, the workspace 32
+    f.ensure()
+    assert cu.held == []
+    assert f.counters()["workspaces_left_alone"] == 1
+
+
+def test_active_blocks_reads_a_memory_snapshot() -> None:
+    snapshot = [
+        {"device": 0, "blocks": [{"address": 10, "size": 4, "state": "active_allocated"},
+                                 {"address": 14, "size": 4, "state": "inactive"}]},
+        {"device": 1, "blocks": [{"address": 99, "size": 4, "state": "active_allocated"}]},
+    ]
+    assert ws.active_blocks(snapshot, 0) == {(10, 4)}
+    assert ws.active_blocks(snapshot, 1) == {(99, 4)}
