@@ -644,12 +644,13 @@ def test_inference_under_budget_matches_in_memory(torch_mod: Any, um: Any, limit
 def test_cublas_workspaces_are_held_past_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
     """Note [Library workspaces] (torch/cuda/_um_workspaces.py): the first forward runs
     before the hooks (the workspace is made then and may be evicted), the next ones with
-    them. The forward's thread and autograd's each get their workspace held, and the
-    results match the in-memory run, though finding one may free every workspace."""
+    them. The forward's thread gets its workspaces held (autograd's too where a quarter
+    of the budget holds both), and the results match the in-memory run, though finding
+    one frees every workspace."""
 
     def run(past_budget: bool) -> list[torch.Tensor]:
         if past_budget:
-            _tiny_budget(um, 128 * MiB)
+            _tiny_budget(um, 160 * MiB)
             um.configure(hooks=False)
         model, x = _mlp(3)
         with torch.inference_mode():
@@ -671,10 +672,11 @@ def test_cublas_workspaces_are_held_past_budget(torch_mod: Any, um: Any, limits:
     for g, e in zip(got, expect, strict=True):
         assert torch.equal(g, e)
     stats = um.predict_stats()
-    assert stats["predict.workspaces_held"] >= 2, stats
-    assert stats["predict.workspace_held_bytes"] >= 2 * MiB, stats
+    assert stats["predict.workspaces_held"] >= 1, stats
+    assert stats["predict.workspace_clears"] >= 1, stats  # made before the hooks came on
+    assert stats["predict.workspace_held_bytes"] >= MiB, stats
     assert um.stats()["um.hold_bytes"] > held
-    assert _on_device(um) <= 128 * MiB
+    assert _on_device(um) <= 160 * MiB
 
 
 def _built_past_budget(

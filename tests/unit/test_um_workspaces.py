@@ -1,8 +1,10 @@
 """Finding and holding cuBLAS's workspaces (torch/cuda/_um_workspaces.py, Note [Library
-workspaces]) against a simulated cuBLAS: one workspace per (thread, device, stream),
-made at that pair's first GEMM, all freed by a clear. A workspace made before the first
-hook is found by one clear; the pairs that clear freed are found again at their next
-hook; clears are bounded; nothing is done under capture or past the byte bound."""
+workspaces]) against a simulated cuBLAS: per (thread, device, stream) a cuBLAS workspace
+(32 MiB) and a cuBLASLt one (1 MiB), each made at that pair's first GEMM of its kind, all
+freed by a clear. A workspace made before the first hook is found by one clear, also
+when only cuBLASLt's is new (as on the H200); the pairs that clear freed are found again
+at their next hook; clears are bounded; nothing is done under capture or past the byte
+bound."""
 
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ class FakeCublas:
     """The allocator's blocks, cuBLAS's workspaces, and the calls the finder made."""
 
     size: int = 32 * MiB
+    lt_size: int = 1 * MiB
     key: Key = (1, 0, 7)
     blocks: set[tuple[int, int]] = field(default_factory=set)
     workspaces: dict[Key, tuple[int, int]] = field(default_factory=dict)
+    lt_workspaces: dict[Key, tuple[int, int]] = field(default_factory=dict)
     next_addr: int = 1 << 32
     held: list[tuple[int, int, int]] = field(default_factory=list)
     gemms: int = 0
@@ -37,22 +41,33 @@ class FakeCublas:
         return b
 
     def gemm(self, device: int) -> None:
-        """A GEMM on the current pair: its workspace, if new, and a small output."""
+        """A cuBLAS GEMM on the current pair: its workspace, if new, and a small output."""
         self.gemms += 1
         if self.key not in self.workspaces:
             self.workspaces[self.key] = self.alloc(self.size)
         self.alloc(256)
 
+    def gemm_lt(self, device: int) -> None:
+        """The same through cuBLASLt, which has a workspace of its own."""
+        self.gemms += 1
+        if self.key not in self.lt_workspaces:
+            self.lt_workspaces[self.key] = self.alloc(self.lt_size)
+        self.alloc(256)
+
     def clear(self) -> None:
-        for b in self.workspaces.values():
+        for b in [*self.workspaces.values(), *self.lt_workspaces.values()]:
             self.blocks.discard(b)
         self.workspaces.clear()
+        self.lt_workspaces.clear()
+
+    def both(self, key: Key) -> list[tuple[int, int, int]]:
+        return sorted([(*self.workspaces[key], 0), (*self.lt_workspaces[key], 0)])
 
     def finder(self, budget: int = 8 << 30, max_clears: int = 4) -> Any:
         return ws.Workspaces(
             key=lambda: self.key,
             blocks=lambda device: set(self.blocks),
-            gemm=self.gemm,
+            gemms=(self.gemm, self.gemm_lt),
             clear=self.clear,
             hold=lambda ptr, size, device: self.held.append((ptr, size, device)),
             capturing=lambda: self.capturing,
@@ -65,12 +80,12 @@ def test_a_workspace_not_made_yet_is_found_without_a_clear_and_held_once() -> No
     cu = FakeCublas()
     f = cu.finder()
     f.ensure()
-    assert cu.held == [(*cu.workspaces[cu.key], 0)]
-    assert f.counters() == {"workspaces_held": 1, "workspace_held_bytes": 32 * MiB,
+    assert sorted(cu.held) == cu.both(cu.key)
+    assert f.counters() == {"workspaces_held": 1, "workspace_held_bytes": 33 * MiB,
                             "workspace_clears": 0, "workspaces_left_alone": 0}
     gemms = cu.gemms
     f.ensure()  # found: a lookup, no GEMM, no second hold
-    assert cu.gemms == gemms and len(cu.held) == 1
+    assert cu.gemms == gemms and len(cu.held) == 2
 
 
 def test_a_workspace_made_before_the_hooks_is_found_by_one_clear() -> None:
@@ -81,8 +96,21 @@ def test_a_workspace_made_before_the_hooks_is_found_by_one_clear() -> None:
     f.ensure()
     new = cu.workspaces[cu.key]
     assert new != old and old not in cu.blocks
-    assert cu.held == [(*new, 0)]
+    assert sorted(cu.held) == cu.both(cu.key)
     assert f.counters()["workspace_clears"] == 1
+
+
+def test_a_new_cublaslt_workspace_alone_does_not_stop_the_clear() -> None:
+    """The H200's case: the forward before the hooks used cuBLAS only, so the probe's
+    cuBLASLt GEMM makes a workspace while cuBLAS's, the one that matters, exists."""
+    cu = FakeCublas()
+    cu.gemm(0)
+    old = cu.workspaces[cu.key]
+    f = cu.finder()
+    f.ensure()
+    assert f.counters()["workspace_clears"] == 1
+    assert (*old, 0) not in cu.held
+    assert sorted(cu.held) == cu.both(cu.key)
 
 
 def test_a_clear_for_one_pair_makes_the_others_found_again() -> None:
@@ -97,9 +125,9 @@ def test_a_clear_for_one_pair_makes_the_others_found_again() -> None:
     assert forward not in cu.workspaces  # freed by the clear
     cu.key = forward
     f.ensure()  # its next hook, before its next GEMM: found again without a clear
-    assert f.counters() == {"workspaces_held": 2, "workspace_held_bytes": 64 * MiB,
+    assert f.counters() == {"workspaces_held": 2, "workspace_held_bytes": 66 * MiB,
                             "workspace_clears": 1, "workspaces_left_alone": 0}
-    assert [h[:2] for h in cu.held[-2:]] == [cu.workspaces[(2, 0, 7)], cu.workspaces[forward]]
+    assert sorted(cu.held[-4:]) == sorted(cu.both((2, 0, 7)) + cu.both(forward))
 
 
 def test_clears_are_bounded() -> None:
@@ -112,7 +140,7 @@ def test_clears_are_bounded() -> None:
     f.ensure()  # would need a second clear: left alone
     c = f.counters()
     assert c["workspace_clears"] == 1 and c["workspaces_left_alone"] == 1
-    assert (2, 0, 7) in cu.workspaces and len(cu.held) == 1
+    assert (2, 0, 7) in cu.workspaces and len(cu.held) == 2
 
 
 def test_nothing_under_capture_and_found_after_it() -> None:
@@ -122,12 +150,22 @@ def test_nothing_under_capture_and_found_after_it() -> None:
     assert cu.gemms == 0 and cu.held == []
     cu.capturing = False
     f.ensure()
-    assert len(cu.held) == 1
+    assert len(cu.held) == 2
 
 
-def test_no_hold_past_an_eighth_of_the_budget() -> None:
+def test_reset_looks_again_with_one_clear() -> None:
     cu = FakeCublas()
-    f = cu.finder(budget=128 * MiB)  # an eighth is 16 MiB, the workspace 32
+    f = cu.finder()
+    f.ensure()
+    f.reset()  # the hooks came on again
+    f.ensure()
+    assert f.counters()["workspace_clears"] == 1 and f.counters()["workspaces_held"] == 1
+    assert sorted(cu.held[-2:]) == cu.both(cu.key)
+
+
+def test_no_hold_past_a_quarter_of_the_budget() -> None:
+    cu = FakeCublas()
+    f = cu.finder(budget=128 * MiB)  # a quarter is 32 MiB, the workspaces 33
     f.ensure()
     assert cu.held == []
     assert f.counters()["workspaces_left_alone"] == 1

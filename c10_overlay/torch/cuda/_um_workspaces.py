@@ -15,17 +15,22 @@ the hooks came on, so a benchmark's workers split between two speeds.
 So while the hooks are on, the first hook a thread runs on a stream finds that pair's
 workspace and holds it (``torch_um_touch`` with TORCH_UM_TOUCH_HOLD, Note [Held ranges]
 in Residency.h): it comes back to the device if it was away, and stays there until a
-block event over it. To find it, the hook runs a GEMM on 8x8 matrices and takes the
-blocks of a MiB or more that appeared in the allocator's snapshot meanwhile (the
-matrices are in its small pool). If none appeared, the workspace existed already: every
+block event over it. To find it, the hook runs GEMMs on 8x8 matrices, first through
+cuBLAS (``torch.mm``), then through cuBLASLt (``addmm`` with a bias, which has a
+workspace of its own unless torch shares cuBLAS's), and takes the blocks of a MiB or
+more that appeared in the allocator's snapshot around each (the matrices are in its
+small pool). If the cuBLAS GEMM made none, the workspace existed already: every
 workspace is then freed (``torch._C._cuda_clearCublasWorkspaces``, stream-ordered as
-any free) and the GEMM made again, and the other pairs are looked at again at their
+any free) and the GEMMs made again, and the other pairs are looked at again at their
 next hook, since their workspaces went too (they come back at their next GEMM, unheld).
+On the H200 the cuBLAS workspace was 32 MiB and cuBLASLt's 1 MiB; a first version that
+took "any new block" as the answer found only cuBLASLt's and held nothing that mattered.
 Clears are few: a pair's first hook usually comes before its first GEMM of the step.
-After ``max_clears`` of them, a pair that needs one is left alone.
+After ``max_clears`` of them, a pair that needs one is left alone. Each install of the
+hooks looks at every pair again (a CUDA graph capture, for one, clears the workspaces).
 
 Not done: under CUDA graph capture (the allocator's blocks then belong to the graph's
-pool, and clearing is not allowed); when the held bytes would pass an eighth of the
+pool, and clearing is not allowed); when the held bytes would pass a quarter of the
 budget. The cost after a pair is found is one dict lookup per hook.
 
 Thread safety: ``ensure`` runs on the thread whose workspace it finds (the forward's,
@@ -35,7 +40,7 @@ autograd's for the backward); the found pairs are behind a lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 MiB = 1 << 20
@@ -60,24 +65,25 @@ class Workspaces:
     """The pairs (thread, stream) whose workspaces were found, and the finding.
 
     ``key`` gives (thread, device, stream) for the calling thread; ``blocks(device)``
-    the allocated blocks now; ``gemm(device)`` runs the probe's GEMMs on the current
-    stream; ``clear()`` frees every workspace; ``hold(ptr, size, device)`` holds a
-    range; ``capturing()`` says whether the current stream is capturing a graph;
-    ``budget()`` the device budget in bytes."""
+    the allocated blocks now; ``gemms`` the probe's GEMMs on the current stream, each a
+    function of the device, cuBLAS's first (its workspace must be new, or there is a
+    clear); ``clear()`` frees every workspace; ``hold(ptr, size, device)`` holds a range;
+    ``capturing()`` says whether the current stream is capturing a graph; ``budget()``
+    the device budget in bytes."""
 
     def __init__(
         self,
         *,
         key: Callable[[], tuple[int, int, int]],
         blocks: Callable[[int], set[Block]],
-        gemm: Callable[[int], None],
+        gemms: Sequence[Callable[[int], None]],
         clear: Callable[[], None],
         hold: Callable[[int, int, int], None],
         capturing: Callable[[], bool],
         budget: Callable[[], int],
         max_clears: int = 4,
     ) -> None:
-        self._key, self._blocks, self._gemm, self._clear = key, blocks, gemm, clear
+        self._key, self._blocks, self._gemms, self._clear = key, blocks, list(gemms), clear
         self._hold, self._capturing, self._budget = hold, capturing, budget
         self.max_clears = max_clears
         self._lock = threading.Lock()
@@ -96,15 +102,28 @@ class Workspaces:
                 return
             self._find(key)
 
-    def _new_blocks(self, device: int) -> list[Block]:
-        before = self._blocks(device)
-        self._gemm(device)
-        return sorted(b for b in self._blocks(device) - before if b[1] >= MIN_WORKSPACE)
+    def reset(self) -> None:
+        """Look at every pair again at its next hook (the hooks were installed again)."""
+        with self._lock:
+            self._found.clear()
+            self.held_bytes = 0
+
+    def _new_blocks(self, device: int) -> tuple[list[Block], bool]:
+        """The workspaces the probe's GEMMs made, and whether the first (cuBLAS) made one."""
+        new: list[Block] = []
+        first = False
+        for i, gemm in enumerate(self._gemms):
+            before = self._blocks(device)
+            gemm(device)
+            made = [b for b in self._blocks(device) - before if b[1] >= MIN_WORKSPACE]
+            first = first or (i == 0 and bool(made))
+            new += made
+        return sorted(new), first
 
     def _find(self, key: tuple[int, int, int]) -> None:
         device = key[1]
-        new = self._new_blocks(device)
-        if not new:
+        new, made = self._new_blocks(device)
+        if not made:
             if self.clears >= self.max_clears:
                 self._found[key] = []
                 self.left_alone += 1
@@ -115,9 +134,9 @@ class Workspaces:
             self.clears += 1
             self._found.clear()
             self.held_bytes = 0
-            new = self._new_blocks(device)
+            new, made = self._new_blocks(device)
         size = sum(s for _, s in new)
-        if not new or self.held_bytes + size > self._budget() // 8:
+        if not made or self.held_bytes + size > self._budget() // 4:
             self._found[key] = []
             self.left_alone += 1
             return

@@ -1116,7 +1116,7 @@ def _register_hooks() -> None:
         _hook_handles.append(
             nn_module.register_module_forward_hook(streamer.exit, always_call=True)
         )
-    _workspace_finder()
+    _workspace_finder().reset()
     _hook_handles.append(nn_module.register_module_forward_pre_hook(_pre_forward))
     _hook_handles.append(nn_module.register_module_forward_hook(_post_forward))
     if offloader is not None:
@@ -1233,12 +1233,16 @@ _TOUCH_HOLD = 2  # TORCH_UM_TOUCH_HOLD
 _workspaces: Any = None
 
 
-def _probe_gemm(device: int) -> None:
-    """GEMMs on 8x8 matrices through cuBLAS and cuBLASLt (addmm with a bias), so that
-    this thread's workspaces for the current stream exist when it returns."""
+def _probe_cublas(device: int) -> None:
+    """A GEMM on 8x8 matrices through cuBLAS: this pair's workspace exists after it."""
+    a = torch.ones(8, 8, device=device)
+    torch.mm(a, a)
+
+
+def _probe_cublaslt(device: int) -> None:
+    """The same through cuBLASLt (addmm with a bias), in float32 and bfloat16."""
     a = torch.ones(8, 8, device=device)
     bias = torch.ones(8, device=device)
-    torch.mm(a, a)
     torch.addmm(bias, a, a)
     h = a.to(torch.bfloat16)
     torch.addmm(bias.to(torch.bfloat16), h, h)
@@ -1261,7 +1265,7 @@ def _workspace_finder() -> Any:
         _workspaces = _um_workspaces.Workspaces(
             key=key,
             blocks=lambda dev: _um_workspaces.active_blocks(torch.cuda.memory_snapshot(), dev),
-            gemm=_probe_gemm,
+            gemms=(_probe_cublas, _probe_cublaslt),
             clear=torch._C._cuda_clearCublasWorkspaces,
             hold=hold,
             capturing=lambda: torch.compiler.is_compiling()
