@@ -265,6 +265,30 @@ def _plan(calls: list[list[tuple[int, int]]], target: int, largest: int = 10**15
     return plan.stream_plan(calls, target, plan.spread_order(calls), largest)
 
 
+@dataclass
+class CachedDevice:
+    """A simulated device whose engine makes room from dead blocks first (the Llama's
+    inference, bench/README.md step 37): the allocator's cache holds ``cache`` dead bytes
+    the forward hands out again, and a forward's room is what the budget leaves beside its
+    live bytes (the weights not streamed, the activations' ``peak`` and the ``ring``)."""
+
+    calls: list[list[tuple[int, int]]]
+    per: int
+    peak: int
+    ring: int
+    budget: int
+    cache: int
+
+    def forward(self, target: int) -> tuple[int, int, int]:
+        """-> (evicted, discarded, room beside the live bytes) in a forward at ``target``."""
+        total = plan.unique_bytes(self.calls)
+        streamed = sum(self.per for p in _plan(self.calls, target) if p)
+        room = self.budget - (total - streamed + self.peak + self.ring)
+        if room < 0:
+            return -room, self.cache, room
+        return 0, max(0, self.cache - room), room
+
+
 def test_spread_order_starts_in_the_middle_and_halves() -> None:
     calls = _scan_calls(8)
     assert plan.spread_order(calls) == [4, 2, 6, 1, 5, 3, 7, 0]  # van der Corput
@@ -441,13 +465,7 @@ def test_a_record_made_after_a_full_cache_settles_at_once(discards: bool) -> Non
     calls = _scan_calls(24, per)
     total = plan.unique_bytes(calls)
     over = total + peak + ring - budget
-
-    def forward(target: int) -> tuple[int, int, int]:
-        streamed = sum(per for p in _plan(calls, target) if p)
-        room = budget - (total - streamed + peak + ring)
-        if room < 0:
-            return -room, cache, room
-        return 0, max(0, cache - room), room
+    forward = CachedDevice(calls, per, peak, ring, budget, cache).forward
 
     t = plan.StreamTarget(margin=margin)
     # The record's forward, under the plain policy: the cache gave most of its room.
@@ -476,14 +494,7 @@ def test_an_overflow_shown_as_discards_settles_where_the_live_bytes_fit(rule: bo
     calls = _scan_calls(24, per)
     total = plan.unique_bytes(calls)
     over = total + peak + ring - budget  # live bytes past the budget, wherever placed
-
-    def forward(target: int) -> tuple[int, int, int]:
-        """-> (evicted, discarded, room beside the live bytes) in a forward at ``target``."""
-        streamed = sum(per for p in _plan(calls, target) if p)
-        room = budget - (total - streamed + peak + ring)
-        if room < 0:
-            return -room, cache, room
-        return 0, max(0, cache - room), room
+    forward = CachedDevice(calls, per, peak, ring, budget, cache).forward
 
     t = plan.StreamTarget(margin=margin)
     t.start(evicted=over // 2, total=total, over=over)  # the record saw part of it
