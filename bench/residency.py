@@ -671,6 +671,7 @@ STEP_COUNTERS = (
     "predict.stream_target_bytes",
     "predict.stream_low_room_bytes",
     "predict.target_bytes",
+    "predict.workspace_clears",  # Note [Library workspaces]: the step that found a workspace
 )
 
 
