@@ -26,6 +26,7 @@ class FakeCublas:
     size: int = 32 * MiB
     lt_size: int = 1 * MiB
     key: Key = (1, 0, 7)
+    cuda_ready: bool = True  # False: CUDA not initialised, the finder's key is None
     blocks: set[tuple[int, int]] = field(default_factory=set)
     workspaces: dict[Key, tuple[int, int]] = field(default_factory=dict)
     lt_workspaces: dict[Key, tuple[int, int]] = field(default_factory=dict)
@@ -65,7 +66,7 @@ class FakeCublas:
 
     def finder(self, budget: int = 8 << 30, max_clears: int = 4) -> Any:
         return ws.Workspaces(
-            key=lambda: self.key,
+            key=lambda: self.key if self.cuda_ready else None,
             blocks=lambda device: set(self.blocks),
             gemms=(self.gemm, self.gemm_lt),
             clear=self.clear,
@@ -179,3 +180,11 @@ def test_active_blocks_reads_a_memory_snapshot() -> None:
     ]
     assert ws.active_blocks(snapshot, 0) == {(10, 4)}
     assert ws.active_blocks(snapshot, 1) == {(99, 4)}
+
+
+def test_nothing_before_cuda_is_initialised() -> None:
+    """A CPU forward with the hooks on: the key is None, and nothing runs."""
+    cu = FakeCublas(cuda_ready=False)
+    f = cu.finder()
+    f.ensure()
+    assert cu.gemms == 0 and cu.held == [] and f.counters()["workspaces_held"] == 0

@@ -67,7 +67,8 @@ def active_blocks(snapshot: Iterable[dict[str, Any]], device: int) -> set[Block]
 class Workspaces:
     """The pairs (thread, stream) whose workspaces were found, and the finding.
 
-    ``key`` gives (thread, device, stream) for the calling thread; ``blocks(device)``
+    ``key`` gives (thread, device, stream) for the calling thread, or None while CUDA
+    is not initialised (no GEMM has run, and finding would initialise it); ``blocks(device)``
     the allocated blocks now; ``gemms`` the probe's GEMMs on the current stream, each a
     function of the device, cuBLAS's first (its workspace must be new, or there is a
     clear); ``clear()`` frees every workspace; ``hold(ptr, size, device)`` holds a range;
@@ -77,7 +78,7 @@ class Workspaces:
     def __init__(
         self,
         *,
-        key: Callable[[], tuple[int, int, int]],
+        key: Callable[[], tuple[int, int, int] | None],
         blocks: Callable[[int], set[Block]],
         gemms: Sequence[Callable[[int], None]],
         clear: Callable[[], None],
@@ -98,7 +99,7 @@ class Workspaces:
     def ensure(self) -> None:
         """Called by every hook: finds and holds this pair's workspace the first time."""
         key = self._key()
-        if key in self._found:
+        if key is None or key in self._found:
             return
         with self._lock:
             if key in self._found or self._capturing():

@@ -1254,7 +1254,9 @@ def _workspace_finder() -> Any:
     if _workspaces is None:
         from torch.cuda import _um_streams, _um_workspaces
 
-        def key() -> tuple[int, int, int]:
+        def key() -> tuple[int, int, int] | None:
+            if not torch.cuda.is_initialized():  # a CPU forward: nothing to find yet
+                return None
             dev = torch.cuda.current_device()
             return threading.get_ident(), dev, _um_streams.current_handle(dev)
 
