@@ -29,12 +29,13 @@ Clears are few: a pair's first hook usually comes before its first GEMM of the s
 After ``max_clears`` of them, a pair that needs one is left alone. Each install of the
 hooks looks at every pair again (a CUDA graph capture, for one, clears the workspaces).
 
-Not done: under CUDA graph capture (the allocator's blocks then belong to the graph's
-pool, and clearing is not allowed); when the held bytes would pass a sixteenth of the
-budget (a pair's two workspaces are 33 MiB on the H200: budgets of 528 MiB and more).
-Held bytes are taken from what everything else may use: under a 256 MiB budget the
-GPU suite's optimizer staging found no room once a quarter was allowed. The cost after
-a pair is found is one dict lookup per hook.
+Not done: before CUDA is initialised (a CPU forward: no GEMM has run); under CUDA graph
+capture (the allocator's blocks then belong to the graph's pool, and clearing is not
+allowed); when the held bytes would pass a sixteenth of the budget (a pair's two
+workspaces are 33 MiB on the H200: budgets of 528 MiB and more). Held bytes are taken
+from what everything else may use: under a 256 MiB budget the GPU suite's optimizer
+staging found no room once a quarter was allowed. The cost after a pair is found is one
+dict lookup per hook.
 
 Thread safety: ``ensure`` runs on the thread whose workspace it finds (the forward's,
 autograd's for the backward); the found pairs are behind a lock.
