@@ -739,40 +739,56 @@ uint64_t Residency::touch(
       need += seg->chunkSize(i);
     }
   }
-  uint64_t moved = 0;
-  if (need != 0) {
-    DeviceLimits lim = limits;
-    if (policy == Policy::Static) {
-      // An explicit prefetch under static placement is honoured as asked.
-      lim.budget = UINT64_MAX;
-    } else {
-      DeviceLru& d = lru(seg->device);
-      const uint64_t on_device = d.resident();
-      if (on_device + need > limits.budget) {
-        makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
-                 stream, out);
-      }
+  if (need == 0) {
+    if (hold) {
+      holdChunks(*seg, first, last, addr, hi);
     }
-    moved = bringIn(*seg, first, last, stream, /*dead_content=*/false, addr, hi,
-                    lim, out, scan && limits.read_copies);
+    return 0;
   }
-  if (hold) {
-    // Note [Held ranges]: the chunks whose every live byte is the range's
-    // (forget()'s test), once on the device.
-    for (size_t i = first; i < last; ++i) {
-      Chunk& c = seg->chunks[i];
-      const uintptr_t clo = seg->chunkAddr(i);
-      if (c.held || c.where == Where::Host || c.stale || c.live == 0 ||
-          c.live != overlap(addr, hi, clo, clo + seg->chunkSize(i))) {
-        continue;
-      }
-      unlink(*seg, i);
-      c.held = true;
-      link(*seg, i);
-      counters_.hold_bytes += seg->chunkSize(i);
+  DeviceLimits lim = limits;
+  if (policy == Policy::Static) {
+    // An explicit prefetch under static placement is honoured as asked.
+    lim.budget = UINT64_MAX;
+  } else {
+    DeviceLru& d = lru(seg->device);
+    const uint64_t on_device = d.resident();
+    if (on_device + need > limits.budget) {
+      makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
+               stream, out);
     }
+  }
+  const uint64_t moved = bringIn(*seg, first, last, stream, /*dead_content=*/false,
+                                 addr, hi, lim, out, scan && limits.read_copies);
+  if (hold) {
+    holdChunks(*seg, first, last, addr, hi);
   }
   return moved;
+}
+
+bool Residency::onlyRangeLive(const Segment& seg, size_t i, uintptr_t addr,
+                              uintptr_t hi) const {
+  // The range is live (the caller's word), so its part of the chunk is live,
+  // and a chunk with more live bytes than that shares them with another block.
+  const Chunk& c = seg.chunks[i];
+  const uintptr_t clo = seg.chunkAddr(i);
+  return c.live != 0 && c.live == overlap(addr, hi, clo, clo + seg.chunkSize(i));
+}
+
+void Residency::holdChunks(Segment& seg, size_t first, size_t last,
+                           uintptr_t addr, uintptr_t hi) {
+  // Note [Held ranges]: the chunks holding only the range's live bytes, once on
+  // the device (bringIn may have left some in host RAM).
+  for (size_t i = first; i < last; ++i) {
+    Chunk& c = seg.chunks[i];
+    if (c.held || c.where == Where::Host || c.stale ||
+        !onlyRangeLive(seg, i, addr, hi)) {
+      continue;
+    }
+    unlink(seg, i);
+    c.held = true;
+    link(seg, i);
+    counters_.hold_bytes += seg.chunkSize(i);
+  }
 }
 
 uint64_t Residency::forget(uintptr_t addr, uint64_t size) {
@@ -787,12 +803,9 @@ uint64_t Residency::forget(uintptr_t addr, uint64_t size) {
   uint64_t marked = 0;
   for (size_t i = first; i < last; ++i) {
     Chunk& c = seg->chunks[i];
-    const uintptr_t clo = seg->chunkAddr(i);
     const uint64_t sz = seg->chunkSize(i);
-    // Every live byte of the chunk must be the range's: the range is live
-    // (the caller's word), so its part of the chunk is live, and a chunk
-    // with more live bytes than that shares them with another block.
-    if (c.stale || c.live == 0 || c.live != overlap(addr, hi, clo, clo + sz)) {
+    // Every live byte of the chunk must be the range's.
+    if (c.stale || !onlyRangeLive(*seg, i, addr, hi)) {
       continue;
     }
     unlink(*seg, i);

@@ -540,6 +540,14 @@ class Residency {
   void retouch(Segment& seg, size_t i, bool scan = false);
   // Ends chunk i's staleness (Note [Forgotten content]), keeping its order.
   void unstale(Segment& seg, size_t i);
+  // Every live byte of chunk i is [addr, hi)'s, and it has some: forget() and
+  // holdChunks() mark only such chunks.
+  bool onlyRangeLive(const Segment& seg, size_t i, uintptr_t addr,
+                     uintptr_t hi) const;
+  // Note [Held ranges]: holds the chunks [first, last) of seg that are on the
+  // device and hold only [addr, hi)'s live bytes.
+  void holdChunks(Segment& seg, size_t first, size_t last, uintptr_t addr,
+                  uintptr_t hi);
   // The order chunk i belongs in by its state, and a device's order.
   OrderKind orderOf(const Segment& seg, size_t i) const;
   static Order& order(DeviceLru& d, OrderKind kind);
