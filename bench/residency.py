@@ -123,6 +123,8 @@ The record, ``<out>/residency-<workload>-<gpu>-<date>.json``: command, machine, 
 torch and engine, settings, ``summary`` = ``{"floor_s": ..., "modes": {<mode>: median seconds
 or null}}`` (every mode name of the workload; null also where a mode was not run or failed),
 ``analysis`` (the floor's inputs, the ratios, the agreement, OOMs and errors) and every sample.
+It is written after every worker, with ``"partial": {"workers": done, "of": planned}`` until
+the run ends: a run stopped past a time limit keeps every worker that finished.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ import socket
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -1030,8 +1033,10 @@ def run_all(
     rounds: int,
     paths: dict[str, str | None],
     timeout: int,
+    after: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """The link worker once, then every mode once per round, the order rotating."""
+    """The link worker once, then every mode once per round, the order rotating;
+    ``after`` sees the samples so far after each worker."""
     samples = [
         run_worker_safely(
             MODULE, ["--mode", LINK, workload], paths["stock"], timeout, {"mode": LINK}
@@ -1049,6 +1054,8 @@ def run_all(
             res["round"] = r + 1  # per-round ratios to the peer (summarize)
             print(f"round {r + 1}/{rounds} {describe(res)}", flush=True)
             samples.append(res)
+            if after is not None:
+                after(samples)
     return samples
 
 
@@ -1074,6 +1081,32 @@ def record(
         "analysis": analysis,
         "samples": [{k: v for k, v in s.items() if k != "machine"} for s in samples],
     }
+
+
+class PartialRecord:
+    """Rewrites the run's record after every worker, marked ``"partial": {"workers": done,
+    "of": planned}``, so that a run stopped past its time limit (a device call's limit,
+    say) keeps every worker that finished, with its summary. The finished run's own
+    record replaces it under the same name. Not thread-safe: the orchestrator's one
+    thread calls it."""
+
+    def __init__(
+        self, workload: str, settings: dict[str, Any], planned: int, out: Path | None
+    ) -> None:
+        self.workload, self.settings, self.planned, self.out = workload, settings, planned, out
+        self.path: Path | None = None
+
+    def __call__(self, samples: list[dict[str, Any]]) -> None:
+        try:
+            rec = record(self.workload, samples, self.settings)
+        except BenchError:
+            return  # no worker reached CUDA yet: nothing worth keeping
+        done = sum(1 for s in samples if s["mode"] != LINK)
+        rec["partial"] = {"workers": done, "of": self.planned}
+        path = write(f"residency-{self.workload}", rec, self.out)
+        if self.path is None:
+            print(f"(the record so far, rewritten after each worker: {path})", flush=True)
+        self.path = path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1150,7 +1183,6 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(f"{PAIR} runs the one-GPU training on 2 GPUs at once: --ranks 2")
         worker_args += ["--ranks", str(a.ranks)]
     paths = {"stock": a.stock_pythonpath, "um": a.um_pythonpath, "prev": a.prev_pythonpath}
-    samples = run_all(a.workload, modes, worker_args, a.rounds, paths, a.timeout)
     settings = {
         "workload": a.workload,
         "model": a.model,
@@ -1165,10 +1197,13 @@ def main(argv: list[str] | None = None) -> int:
         "conf": a.conf,
         "ranks": (a.ranks or WORLD) if a.workload == "ddp" else None,
     }
+    out = Path(a.out) if a.out else None
+    keep = PartialRecord(a.workload, settings, a.rounds * len(modes), out)
+    samples = run_all(a.workload, modes, worker_args, a.rounds, paths, a.timeout, keep)
     rec = record(a.workload, samples, settings)
     print("\n" + table(a.workload, rec["summary"], rec["analysis"]))
     print("summary: " + json.dumps(rec["summary"]))
-    path = write(f"residency-{a.workload}", rec, Path(a.out) if a.out else None)
+    path = write(f"residency-{a.workload}", rec, out)
     print(f"\nwrote {path}")
     return 0
 

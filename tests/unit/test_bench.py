@@ -914,3 +914,40 @@ def test_cuda_advise_host_prefers_host_ram_and_lets_the_gpu_read_it_there() -> N
         (4096, 1 << 20, er.PREFERRED, er.HOST),
         (4096, 1 << 20, er.ACCESSED_BY, er.DEVICE),
     ]
+
+
+def test_residency_record_is_kept_after_each_worker_until_the_run_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    machine = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "um_engine": "libtorch_um.so"}
+    seen: list[dict[str, Any] | None] = []
+
+    def fake_worker(module: str, args: list[str], *rest: Any) -> dict[str, Any]:
+        mode = args[args.index("--mode") + 1]
+        if mode == residency.LINK:
+            return {**_link(50e9, 40e9), "machine": machine}
+        kept = list(tmp_path.glob("residency-train-*.json"))  # the record so far, if any
+        seen.append(json.loads(kept[0].read_text()) if kept else None)
+        res = _res(mode, 1.0, losses=[1.0], max_allocated_bytes=2 * GIB)
+        return {**res, "machine": machine}
+
+    monkeypatch.setattr(residency, "run_worker_safely", fake_worker)
+    residency.main(
+        ["train", "--modes", "stock,um", "--rounds", "2", "--budget", "1GiB", "--out", str(tmp_path)]
+    )
+    assert seen[0] is None  # nothing is written before a mode's worker has finished
+    assert [r["partial"] for r in seen[1:] if r] == [
+        {"workers": 1, "of": 4},
+        {"workers": 2, "of": 4},
+        {"workers": 3, "of": 4},
+    ]
+    assert seen[-1] is not None and seen[-1]["summary"]["modes"]["um"] == 1.0
+    (final,) = tmp_path.glob("residency-train-*.json")
+    done = json.loads(final.read_text())
+    assert "partial" not in done and len(done["samples"]) == 5
+    # Workers that all failed before CUDA leave no partial record behind.
+    failed = tmp_path / "failed"
+    residency.PartialRecord("train", {"budget_bytes": GIB}, 2, failed)(
+        [{"mode": "stock", "error": "boom"}]
+    )
+    assert not failed.exists()
