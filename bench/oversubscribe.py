@@ -5,6 +5,9 @@ budget is copied to the GPU, squared there, and copied back.
 
 Modes, each a worker process of its own, alternating over rounds:
   um            +um torch, device budget BUDGET: half the tensor must live in host RAM
+  um-managed-host  the same with host_alloc:managed: the program's CPU tensors (the
+                source, its reference square and the buffer copied out into) are managed
+                memory placed in host RAM instead of ordinary pageable memory
   stock         stock torch, the whole tensor on the GPU (it fits there physically):
                 what the same program costs when the GPU is big enough
   stock-pinned  stock torch from page-locked host memory: the PCIe floor of the copies
@@ -12,7 +15,8 @@ Per worker the program runs twice: ``first`` (fresh segments, first touch of eve
 page) and ``again`` (the allocator's cached segments reused). Printed: seconds and
 GB/s of each phase, and the ratios of ``um`` to ``stock`` and to ``stock-pinned``.
 The total-managed cap is 80 % of the free memory each worker reads at start, and
-the tensor and its square must fit under it.
+the managed memory a mode makes must fit under it: the tensor and its square, and in
+um-managed-host the three CPU tensors too.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from bench.common import (
     um_module,
 )
 
-MODES = ("um", "um-prev", "stock", "stock-pinned")  # um-prev: with --prev-pythonpath only
+# um-prev: with --prev-pythonpath only
+MODES = ("um", "um-prev", "um-managed-host", "stock", "stock-pinned")
+UM_MODES = ("um", "um-managed-host")  # the engine under test, set against each base
 PHASES = ("copy_in", "square", "copy_out")
 RUNS = ("first", "again")
 
@@ -45,19 +51,25 @@ def worker(mode: str, budget: int) -> None:
     um = um_module(torch, "stock" if mode.startswith("stock") else mode)
     free, _, cap = safe_cap(torch)
     size = 2 * budget
+    managed_host = mode == "um-managed-host"
     if um is not None:
-        if 2 * size > cap:
+        managed = (5 if managed_host else 2) * size
+        if managed > cap:
             raise BenchError(
-                f"the tensor and its square ({2 * size / GiB:.1f} GiB) exceed the managed "
+                f"mode {mode}: its managed memory ({managed / GiB:.1f} GiB) exceeds the managed "
                 f"cap ({cap / GiB:.1f} GiB = 80 % of free memory): pass a smaller --budget-gib"
             )
         um.configure(enabled=True, max_managed=cap, device_budget=budget)
+        if managed_host:  # CUDA is in use (safe_cap read free memory): from here on
+            um.configure(host_alloc="managed")
     pinned = mode == "stock-pinned"
     x_cpu = torch.empty(size // 4, dtype=torch.float32).uniform_(-4, 4)
     if pinned:
         x_cpu = x_cpu.pin_memory()
     y_host = torch.empty(x_cpu.shape, dtype=x_cpu.dtype, pin_memory=pinned)
     ref = x_cpu.square()
+    if managed_host and not all(um.is_managed(t) for t in (x_cpu, y_host, ref)):
+        raise BenchError(f"mode {mode}: host_alloc:managed left a CPU tensor in ordinary memory")
 
     def now() -> float:
         torch.cuda.synchronize()
@@ -113,15 +125,16 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
             for run in RUNS
         }
     ratios = {}
-    for base in ("um-prev", "stock", "stock-pinned"):
-        if "um" in table and base in table:
-            ratios[f"um/{base}"] = {
-                run: {
-                    p: table["um"][run][p]["seconds"] / table[base][run][p]["seconds"]
-                    for p in PHASES
+    for mine in UM_MODES:
+        for base in ("um", "um-prev", "stock", "stock-pinned"):
+            if mine != base and mine in table and base in table:
+                ratios[f"{mine}/{base}"] = {
+                    run: {
+                        p: table[mine][run][p]["seconds"] / table[base][run][p]["seconds"]
+                        for p in PHASES
+                    }
+                    for run in RUNS
                 }
-                for run in RUNS
-            }
     # Issue 8's form: the whole listing per mode, first run and again, and its ratio to
     # the pinned-copy floor (stock-pinned moves the same bytes at link speed).
     total = {
@@ -161,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker:
         worker(a.mode, budget)
         return 0
-    paths = {"um": a.um_pythonpath, "stock": a.stock_pythonpath}
+    paths = {"um": a.um_pythonpath, "um-managed-host": a.um_pythonpath}
+    paths["stock"] = a.stock_pythonpath
     paths["stock-pinned"] = a.stock_pythonpath
     modes = [m for m in MODES if m != "um-prev" or a.prev_pythonpath]
     if a.prev_pythonpath:

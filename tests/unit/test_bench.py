@@ -62,6 +62,13 @@ def test_oversubscribe_summary_ratios_and_bandwidth() -> None:
     assert "um/um-prev" not in summary["ratios"]
     with_prev = oversubscribe.summarize([*samples, _over("um-prev", 8.0)])
     assert with_prev["ratios"]["um/um-prev"]["first"]["square"] == pytest.approx(0.5)
+    assert not any(name.startswith("um-managed-host/") for name in with_prev["ratios"])
+    # host_alloc:managed is set against the plain um mode and every base as well
+    managed = oversubscribe.summarize([*samples, _over("um-managed-host", 3.0)])
+    assert managed["ratios"]["um-managed-host/um"]["again"]["copy_in"] == pytest.approx(0.75)
+    assert managed["ratios"]["um-managed-host/stock-pinned"]["first"]["square"] == 3.0
+    assert managed["first_s"]["um-managed-host"] == pytest.approx(10.5)
+    assert "um/um-managed-host" not in managed["ratios"]
 
 
 def test_command_line_hides_paths(monkeypatch: pytest.MonkeyPatch) -> None:
