@@ -64,7 +64,8 @@ predict on one GPU, no DDP, at the same budget; and um-predict-pair: that one-GP
 run twice at once, one process per GPU, no DDP (what two ranks share on the host without
 DDP's own work). A step's time is the slower rank's; the record keeps every rank's fields
 under ``ranks``, and with um-predict-1gpu in the run each mode's ``ranks_per_single``: every
-rank's median step over the one-GPU run's (issue 8's bar: at most 1.2).
+rank's median step over the one-GPU run's (issue 8's bar: at most 1.2), and
+``ranks_per_single_by_round``: the same within each round that ran both.
 
 Each worker also keeps, per step, ``cpu``: the CPU-speed canary run just before the
 step (bench/common.py: cpu_canary, about 1 ms at full speed; outside the timed part, but the
@@ -361,6 +362,20 @@ def ranks_per_single(runs: list[dict[str, Any]], single_s: float) -> list[float]
     ]
 
 
+def ranks_per_single_by_round(samples: list[dict[str, Any]], mode: str) -> list[list[float]] | None:
+    """ddp: for each round in which both ran, every rank's median step over the one-GPU
+    run's of the same round. The one-GPU run's time moves between workers by more than
+    the bar's margin (bench/README.md, step 40): a ratio within a round sets a worker
+    against its neighbour, not against a median over other rounds."""
+    single = {s["round"]: s["median_s"] for s in samples if s["mode"] == SINGLE and _ok(s)}
+    rounds = [
+        [rank["median_s"] / single[s["round"]] for rank in s["ranks"]]
+        for s in samples
+        if s["mode"] == mode and _ok(s) and s.get("ranks") and s.get("round") in single
+    ]
+    return rounds or None
+
+
 def full_speed(
     samples: list[dict[str, Any]], floor: float | None, warmup: int | None = None
 ) -> dict[str, Any] | None:
@@ -448,6 +463,7 @@ def summarize(
         }
         if single:
             rows[mode]["ranks_per_single"] = ranks_per_single(runs, single)
+            rows[mode]["ranks_per_single_by_round"] = ranks_per_single_by_round(samples, mode)
     analysis = {
         "floor": {
             "stock_s": modes["stock"],
@@ -517,6 +533,13 @@ def table(workload: str, summary: dict[str, Any], analysis: dict[str, Any]) -> s
         ]
         if ratios:
             lines.append(f"{label}: " + "; ".join(ratios))
+    by_round = [
+        f"{mode} " + ", ".join("[" + ", ".join(f"{x:.3f}" for x in r) + "]" for r in rounds)
+        for mode, row in analysis["modes"].items()
+        if (rounds := row.get("ranks_per_single_by_round"))
+    ]
+    if by_round:
+        lines.append(f"each rank / {SINGLE} of the same round: " + "; ".join(by_round))
     fs = analysis.get("full_speed")
     if fs:
         cells = [

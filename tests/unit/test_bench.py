@@ -500,17 +500,19 @@ def test_residency_ddp_uses_the_training_floor_and_losses() -> None:
 
 
 def test_residency_ddp_sets_each_rank_against_one_gpu_at_the_same_budget() -> None:
-    def ranked(*medians: float) -> dict[str, Any]:
+    def ranked(*medians: float, round: int = 1) -> dict[str, Any]:
         ranks = [{"median_s": m} for m in medians]
-        return _res("um-predict", max(medians), ranks=ranks, losses=[1.0])
+        return _res("um-predict", max(medians), ranks=ranks, losses=[1.0], round=round)
 
     samples = [
         _link(50e9, 50e9),
         _res("stock", 0.2, max_allocated_bytes=20 * GIB, losses=[1.0]),
         ranked(1.1, 1.3),
-        ranked(1.0, 1.2),
-        ranked(1.2, 9.0),
-        _res("um-predict-1gpu", 1.0, losses=[1.0]),
+        ranked(1.0, 1.2, round=2),
+        ranked(1.2, 9.0, round=3),
+        _res("um-predict-1gpu", 1.0, losses=[1.0], round=1),
+        _res("um-predict-1gpu", 0.5, losses=[1.0], round=2),
+        _res("um-predict-1gpu", 2.0, losses=[1.0], round=4),
         {**ranked(1.05, 1.15), "mode": "um-predict-pair"},
         {"mode": "um", "oom": True},
     ]
@@ -524,8 +526,15 @@ def test_residency_ddp_sets_each_rank_against_one_gpu_at_the_same_budget() -> No
     # per rank, the median over the three workers of that rank's own median
     assert analysis["modes"]["um-predict"]["ranks_per_single"] == pytest.approx([1.1, 1.3])
     assert analysis["modes"]["um"]["ranks_per_single"] is None  # no rank finished
+    # round by round: rounds 1 and 2 had both; round 3 had no one-GPU run, round 4 no DDP
+    assert analysis["modes"]["um-predict"]["ranks_per_single_by_round"] == [
+        pytest.approx([1.1, 1.3]),
+        pytest.approx([2.0, 2.4]),
+    ]
+    assert analysis["modes"]["um"]["ranks_per_single_by_round"] is None
     text = residency.table("ddp", summary, analysis)
     assert "each rank / um-predict-1gpu (bar: at most 1.2): um-predict 1.100, 1.300" in text
+    assert "of the same round: um-predict [1.100, 1.300], [2.000, 2.400]" in text
     train, _ = residency.summarize("train", samples, 12 * GIB)
     assert "um-predict-1gpu" not in train["modes"]  # a ddp mode only
 
