@@ -633,6 +633,20 @@ bool heldWorkspaceStays() {
   auto held = [&] {
     return s.r.whereIs(ws) == Where::Device && s.r.whereIs(ws + kChunkBytes) == Where::Device;
   };
+  // torch_um_where's reading: every byte of the range on the device, the two
+  // chunks wholly its own held, the third (shared with the neighbour) not.
+  auto on = [](const Residency::Placement& p, Where w) { return p.bytes[static_cast<int>(w)]; };
+  const Residency::Placement p0 = s.r.placement(ws, ws_bytes);
+  CHECK(on(p0, Where::Device) == ws_bytes && on(p0, Where::Host) == 0 &&
+            p0.held == 2 * kChunkBytes,
+        "placement: %llu on the device, %llu held", (unsigned long long)on(p0, Where::Device),
+        (unsigned long long)p0.held);
+  const Residency::Placement clipped = s.r.placement(ws + kChunkBytes, 100 * kChunkBytes);
+  CHECK(on(clipped, Where::Device) == 2 * kChunkBytes, "placement: not clipped to the segment");
+  const Residency::Placement outside = s.r.placement(1ull << 40, kChunkBytes);
+  CHECK(on(outside, Where::Device) + on(outside, Where::Host) + on(outside, Where::Unplaced) +
+                outside.held == 0,
+        "placement: memory outside every segment counted");
   for (int step = 0; step < 4; ++step) {
     if (!s.touch(params, /*read_only=*/step % 2 == 1)) return false;
     for (uint64_t l = 0; l < 6; ++l) {
@@ -651,6 +665,10 @@ bool heldWorkspaceStays() {
   if (!s.addSegment(big, 10 * kChunkBytes)) return false;
   if (!s.alloc(big, 10 * kChunkBytes)) return false;
   CHECK(s.r.whereIs(ws) == Where::Host, "a freed workspace stayed held");
+  const Residency::Placement gone = s.r.placement(ws, 2 * kChunkBytes);
+  CHECK(on(gone, Where::Host) == 2 * kChunkBytes && gone.held == 0,
+        "placement after the workspace left: %llu in host RAM, %llu held",
+        (unsigned long long)on(gone, Where::Host), (unsigned long long)gone.held);
   return true;
 }
 

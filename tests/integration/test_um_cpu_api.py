@@ -141,7 +141,10 @@ raw = (ctypes.c_uint8 * 16)(*([4, 0, 0, 0, 0, 0, 0, 0] + [0xAB] * 8))
 got = um._lib.torch_um_get_stats(0, ctypes.cast(raw, ctypes.POINTER(um._Stats)))
 out["tiny_struct"] = [got, list(raw)]
 out.update(stats=st, stats_cpu_device=um.stats(0) == st, is_managed=um.is_managed(cpu),
-           prefetch=um.prefetch(cpu), advise=um.advise([cpu], "read_mostly"))
+           prefetch=um.prefetch(cpu), advise=um.advise([cpu], "read_mostly"),
+           placement=list(um.placement(cpu)),
+           where_bad_kind=um._lib.torch_um_where(ctypes.c_void_p(0), 1, 4),
+           where_unknown=um._lib.torch_um_where(ctypes.c_void_p(4096), 1 << 20, 0))
 try:
     um.advise(cpu, "sideways")
     out["bad_advice"] = None
@@ -308,6 +311,8 @@ def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     assert api["tiny_struct"] == [-1, [4, 0, 0, 0, 0, 0, 0, 0] + [0xAB] * 8]
     assert api["is_managed"] is False
     assert api["prefetch"] == 0 and api["advise"] == 0  # CPU tensors are skipped
+    assert api["placement"] == [0, 0, 0, 0]  # and count nothing where they are
+    assert api["where_bad_kind"] == -1 and api["where_unknown"] == 0
     assert "unknown advice 'sideways'" in api["bad_advice"]
 
 

@@ -109,6 +109,9 @@ def test_advice_kinds_constants_and_abi_version(um: types.ModuleType, header: c_
     prefix = "TORCH_UM_ADVISE_"
     advice = {k.removeprefix(prefix).lower(): v for k, v in header.enums["TorchUmAdvice"].items()}
     assert um._ADVICE == advice
+    kinds = header.enums["TorchUmWhere"].items()
+    assert um._WHERE == {k.removeprefix("TORCH_UM_WHERE_").lower(): v for k, v in kinds}
+    assert list(um.Placement._fields) == list(um._WHERE)  # placement() fills them by name
     assert um.HOST == header.constants["TORCH_UM_HOST"]
     assert um._ABI_VERSION == header.constants["TORCH_UM_ABI_VERSION"]
 

@@ -99,6 +99,7 @@ def test_a_workspace_made_before_the_hooks_is_found_by_one_clear() -> None:
     assert new != old and old not in cu.blocks
     assert sorted(cu.held) == cu.both(cu.key)
     assert f.counters()["workspace_clears"] == 1
+    assert f.held_blocks() == [(p, n) for p, n, _ in cu.both(cu.key)]  # the new ones only
 
 
 def test_a_new_cublaslt_workspace_alone_does_not_stop_the_clear() -> None:

@@ -150,6 +150,11 @@ class Workspaces:
         self._found[key] = new
         self.held_bytes += size
 
+    def held_blocks(self) -> list[Block]:
+        """The blocks held now, of every pair found."""
+        with self._lock:
+            return sorted(b for blocks in self._found.values() for b in blocks)
+
     def counters(self) -> dict[str, int]:
         with self._lock:
             return {

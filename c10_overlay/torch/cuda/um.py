@@ -53,7 +53,7 @@ import platform
 import threading
 import warnings
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeAlias, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, Union
 
 import torch
 
@@ -73,6 +73,7 @@ __all__ = [
     "is_managed",
     "managed_host",
     "move_",
+    "placement",
     "predict_stats",
     "prefetch",
     "reset_peak",
@@ -203,6 +204,7 @@ def _bind(lib: ctypes.CDLL) -> None:
         ),
         "torch_um_touch": (c.c_longlong, [c.c_void_p, c.c_size_t, c.c_int, c.c_void_p, c.c_int]),
         "torch_um_forget": (c.c_longlong, [c.c_void_p, c.c_size_t]),
+        "torch_um_where": (c.c_longlong, [c.c_void_p, c.c_size_t, c.c_int]),
         "torch_um_under_pressure": (c.c_int, []),
         "torch_um_host_room": (c.c_uint64, []),
         "torch_um_attach_events": (c.c_int, [c.c_char_p, c.c_size_t]),
@@ -606,6 +608,41 @@ def prefetch(
             raise RuntimeError(err.value.decode(errors="replace"))
         total += size
     return total
+
+
+# TorchUmWhere (c_api.h): what torch_um_where counts.
+_WHERE = {"device": 0, "host": 1, "unplaced": 2, "held": 3}
+
+
+class Placement(NamedTuple):
+    """Bytes of managed memory by where the engine placed them (:func:`placement`)."""
+
+    device: int  #: on the GPU
+    host: int  #: in host RAM, read by the GPU in place or brought back on use
+    unplaced: int  #: not placed yet: their pages go where they are first touched
+    held: int  #: of ``device``, held there (Note [Held ranges] in Residency.h)
+
+
+def placement(obj: TensorsLike) -> Placement:
+    """Where the engine has the managed memory of tensors (or a module's parameters
+    and buffers) now, in bytes of their storages, counted by the 2 MiB chunks of the
+    engine's ledger::
+
+        p = torch.cuda.um.placement(model)
+        print(f"{p.host / 2**30:.1f} GiB of the model is in host RAM")
+
+    This is where the engine placed the memory, not pages the driver moved on its own
+    (a fault from a kernel). Tensors that are not managed CUDA memory count nothing.
+    """
+    lib = _engine()
+    total = dict.fromkeys(_WHERE, 0)
+    for ptr, size, _ in _storage_ranges(obj):
+        for name, kind in _WHERE.items():
+            n = lib.torch_um_where(ctypes.c_void_p(ptr), size, kind)
+            if n < 0:
+                raise RuntimeError(f"torch.cuda.um.placement: the engine could not read {name}")
+            total[name] += n
+    return Placement(**total)
 
 
 def advise(obj: TensorsLike, advice: str, device: DeviceLike = None) -> int:

@@ -16,6 +16,8 @@
 #include <string>
 
 using c10::cuda::um::Engine;
+using c10::cuda::um::Residency;
+using c10::cuda::um::Where;
 
 namespace {
 
@@ -362,6 +364,27 @@ TORCH_UM_API long long torch_um_touch(
 TORCH_UM_API long long torch_um_forget(const void* ptr, size_t size) {
   try {
     return static_cast<long long>(Engine::get().forget(ptr, size));
+  } catch (...) {
+    return -1;
+  }
+}
+
+TORCH_UM_API long long torch_um_where(const void* ptr, size_t size, int where) {
+  if (where < TORCH_UM_WHERE_DEVICE || where > TORCH_UM_WHERE_HELD) {
+    return -1;
+  }
+  try {
+    const Residency::Placement p = Engine::get().placement(ptr, size);
+    switch (where) {
+      case TORCH_UM_WHERE_DEVICE:
+        return static_cast<long long>(p.bytes[static_cast<int>(Where::Device)]);
+      case TORCH_UM_WHERE_HOST:
+        return static_cast<long long>(p.bytes[static_cast<int>(Where::Host)]);
+      case TORCH_UM_WHERE_UNPLACED:
+        return static_cast<long long>(p.bytes[static_cast<int>(Where::Unplaced)]);
+      default:
+        return static_cast<long long>(p.held);
+    }
   } catch (...) {
     return -1;
   }

@@ -182,6 +182,11 @@ uint64_t Engine::forget(const void* ptr, size_t size) {
   return residency_.forget(reinterpret_cast<uintptr_t>(ptr), size);
 }
 
+Residency::Placement Engine::placement(const void* ptr, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return residency_.placement(reinterpret_cast<uintptr_t>(ptr), size);
+}
+
 cudaError_t Engine::allocSegment(
     void** ptr,
     size_t size,

@@ -87,6 +87,8 @@ class Engine {
   // no touch ends it); memory that is not an engine segment is ignored.
   // Returns the bytes marked.
   uint64_t forget(const void* ptr, size_t size);
+  // Where the ledger has [ptr, ptr+size) (Residency::placement).
+  Residency::Placement placement(const void* ptr, size_t size);
   // Note [Managed host memory] (HostAllocator.h). A managed allocation of
   // `size` bytes placed in host RAM (PreferredLocation=host), counted under
   // max_managed; nullptr when the engine declines (UM off, a fork()ed child

@@ -889,6 +889,23 @@ Where Residency::whereIs(uintptr_t addr) const {
              : Where::Host;
 }
 
+Residency::Placement Residency::placement(uintptr_t addr, uint64_t size) const {
+  Placement p;
+  const Segment* seg = find(addr);
+  if (seg == nullptr || size == 0) {
+    return p;
+  }
+  const auto [hi, first, last] = seg->span(addr, size);
+  for (size_t i = first; i < last; ++i) {
+    const Chunk& c = seg->chunks[i];
+    const uintptr_t lo = std::max<uintptr_t>(addr, seg->chunkAddr(i));
+    const uintptr_t end = std::min<uintptr_t>(hi, seg->chunkAddr(i) + seg->chunkSize(i));
+    p.bytes[static_cast<int>(c.where)] += end - lo;
+    p.held += c.held ? end - lo : 0;
+  }
+  return p;
+}
+
 uint32_t Residency::liveBytesAt(uintptr_t addr) const {
   const Segment* seg = find(addr);
   return seg ? seg->chunks[(addr - seg->base) / kChunkBytes].live : 0;

@@ -428,10 +428,18 @@ class Residency {
 
   // Empty if the ledger is consistent, else what is wrong (tests).
   std::string checkInvariants() const;
-  // Live bytes in [addr, addr+size) chunks, and whether a chunk at addr is
-  // dead / where it is (tests and the debugging C API).
+  // Where the chunk at addr is, and its live bytes (tests).
   Where whereIs(uintptr_t addr) const;
   uint32_t liveBytesAt(uintptr_t addr) const;
+  // The bytes of [addr, addr+size), clipped to the segment holding addr, by
+  // the Where of the chunks they lie in, and those of them in held chunks
+  // (torch_um_where). The ledger's view: where the engine placed them, not
+  // pages the driver moved on its own. All zero outside the engine's segments.
+  struct Placement {
+    uint64_t bytes[3] = {0, 0, 0}; // by Where
+    uint64_t held = 0;
+  };
+  Placement placement(uintptr_t addr, uint64_t size) const;
 
  private:
   struct Segment;

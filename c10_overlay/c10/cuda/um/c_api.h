@@ -187,6 +187,21 @@ TORCH_UM_API long long torch_um_touch(
  * is ignored. Returns the bytes marked, or -1 on an internal error. */
 TORCH_UM_API long long torch_um_forget(const void* ptr, size_t size);
 
+/* What torch_um_where counts. */
+enum TorchUmWhere {
+  TORCH_UM_WHERE_DEVICE = 0, /* placed on its device */
+  TORCH_UM_WHERE_HOST = 1, /* placed in host RAM, mapped for the device */
+  TORCH_UM_WHERE_UNPLACED = 2, /* not placed: pages go where first touched */
+  TORCH_UM_WHERE_HELD = 3 /* on the device and held (Note [Held ranges]) */
+};
+
+/* The bytes of [ptr, ptr+size), clipped to the managed segment holding ptr,
+ * that the engine's ledger has where `where` (TorchUmWhere) says, by the
+ * 2 MiB chunks the bytes lie in. It is where the engine placed them, not
+ * pages the driver moved on its own (a fault). 0 for memory that is not an
+ * engine segment; -1 for a bad argument. */
+TORCH_UM_API long long torch_um_where(const void* ptr, size_t size, int where);
+
 /* 1 while the managed bytes of some device (on it or in host RAM) exceed
  * 90 % of its device budget, else 0. */
 TORCH_UM_API int torch_um_under_pressure(void);
