@@ -633,6 +633,8 @@ def placement(obj: TensorsLike) -> Placement:
 
     This is where the engine placed the memory, not pages the driver moved on its own
     (a fault from a kernel). Tensors that are not managed CUDA memory count nothing.
+    The four counts are read one after another: while other threads move memory they
+    need not add up to the storages' bytes.
     """
     lib = _engine()
     total = dict.fromkeys(_WHERE, 0)
