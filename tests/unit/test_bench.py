@@ -71,6 +71,26 @@ def test_oversubscribe_summary_ratios_and_bandwidth() -> None:
     assert "um/um-managed-host" not in managed["ratios"]
 
 
+def test_oversubscribe_modes_are_checked_before_any_worker_runs() -> None:
+    assert oversubscribe.selected_modes("stock-pinned,um", prev=False) == ["um", "stock-pinned"]
+    assert oversubscribe.selected_modes("um,um-managed-host,stock", prev=True) == [
+        "um",
+        "um-prev",
+        "um-managed-host",
+        "stock",
+    ]
+    for text, why in (
+        ("um,stock,sideways", "unknown sideways"),
+        ("um,um-prev,stock", "um-prev needs --prev-pythonpath"),
+        ("um-managed-host,stock", "um and stock or stock-pinned are required"),
+        ("um", "um and stock or stock-pinned are required"),
+    ):
+        with pytest.raises(common.BenchError, match=why):
+            oversubscribe.selected_modes(text, prev=False)
+    with pytest.raises(common.BenchError, match="unknown sideways"):
+        oversubscribe.main(["--modes", "um,sideways"])
+
+
 def test_command_line_hides_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["x", "--stock-pythonpath", "/a/b", "--um-pythonpath", "/c", "--rounds", "2"]
     monkeypatch.setattr(sys, "argv", argv)
