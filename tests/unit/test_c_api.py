@@ -112,6 +112,11 @@ def test_advice_kinds_constants_and_abi_version(um: types.ModuleType, header: c_
     kinds = header.enums["TorchUmWhere"].items()
     assert um._WHERE == {k.removeprefix("TORCH_UM_WHERE_").lower(): v for k, v in kinds}
     assert list(um.Placement._fields) == list(um._WHERE)  # placement() fills them by name
+    flags = header.enums["TorchUmTouchFlags"]
+    assert (um._TOUCH_READ_ONLY, um._TOUCH_HOLD) == (
+        flags["TORCH_UM_TOUCH_READ_ONLY"],
+        flags["TORCH_UM_TOUCH_HOLD"],
+    )
     assert um.HOST == header.constants["TORCH_UM_HOST"]
     assert um._ABI_VERSION == header.constants["TORCH_UM_ABI_VERSION"]
 

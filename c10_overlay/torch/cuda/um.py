@@ -999,7 +999,9 @@ def _ranges_of(tensors: Iterable[object]) -> list[tuple[int, int, int]]:
     return out
 
 
+# TorchUmTouchFlags (c_api.h)
 _TOUCH_READ_ONLY = 1  # TORCH_UM_TOUCH_READ_ONLY
+_TOUCH_HOLD = 2  # TORCH_UM_TOUCH_HOLD: Note [Library workspaces]
 _current_handle: Callable[[int], int] | None = None  # _um_streams.current_handle, once imported
 
 
@@ -1268,7 +1270,6 @@ _streamer: Any = None
 # ---- Note [Library workspaces] (torch/cuda/_um_workspaces.py): cuBLAS's workspaces,
 # found at a thread's first hook and held on the device --------------------------------
 
-_TOUCH_HOLD = 2  # TORCH_UM_TOUCH_HOLD
 _workspaces: Any = None
 
 
@@ -1299,16 +1300,12 @@ def _workspace_finder() -> Any:
             dev = torch.cuda.current_device()
             return threading.get_ident(), dev, _um_streams.current_handle(dev)
 
-        def hold(ptr: int, size: int, dev: int) -> None:
-            if _lib is not None:
-                _lib.torch_um_touch(ptr, size, dev, _um_streams.current_handle(dev), _TOUCH_HOLD)
-
         _workspaces = _um_workspaces.Workspaces(
             key=key,
             blocks=lambda dev: _um_workspaces.active_blocks(torch.cuda.memory_snapshot(), dev),
             gemms=(_probe_cublas, _probe_cublaslt),
             clear=torch._C._cuda_clearCublasWorkspaces,
-            hold=hold,
+            hold=lambda ptr, size, dev: _touch([(ptr, size, dev)], _TOUCH_HOLD),
             capturing=lambda: torch.compiler.is_compiling()
             or torch.cuda.is_current_stream_capturing(),
             budget=_current_budget,
