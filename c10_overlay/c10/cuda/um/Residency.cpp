@@ -898,10 +898,10 @@ Residency::Placement Residency::placement(uintptr_t addr, uint64_t size) const {
   const auto [hi, first, last] = seg->span(addr, size);
   for (size_t i = first; i < last; ++i) {
     const Chunk& c = seg->chunks[i];
-    const uintptr_t lo = std::max<uintptr_t>(addr, seg->chunkAddr(i));
-    const uintptr_t end = std::min<uintptr_t>(hi, seg->chunkAddr(i) + seg->chunkSize(i));
-    p.bytes[static_cast<int>(c.where)] += end - lo;
-    p.held += c.held ? end - lo : 0;
+    const uintptr_t clo = seg->chunkAddr(i);
+    const uint64_t mine = overlap(addr, hi, clo, clo + seg->chunkSize(i));
+    p.bytes[static_cast<int>(c.where)] += mine;
+    p.held += c.held ? mine : 0;
   }
   return p;
 }
