@@ -8,7 +8,9 @@ each a worker process of its own, alternating over rounds:
   um            +um torch, device budget BUDGET: half the tensor must live in host RAM
   um-managed-host  the same with host_alloc:managed: the program's CPU tensors (the
                 source, its reference square and the buffer copied out into) are managed
-                memory placed in host RAM instead of ordinary pageable memory
+                memory placed in host RAM instead of ordinary pageable memory (the
+                program makes a one-element CUDA tensor first: the setting applies once
+                the process has made a managed segment)
   stock         stock torch, the whole tensor on the GPU (it fits there physically):
                 what the same program costs when the GPU is big enough
   stock-pinned  stock torch from page-locked host memory: the PCIe floor of the copies
@@ -63,7 +65,10 @@ def worker(mode: str, budget: int) -> None:
                 f"cap ({cap / GiB:.1f} GiB = 80 % of free memory): pass a smaller --budget-gib"
             )
         um.configure(enabled=True, max_managed=cap, device_budget=budget)
-        if managed_host:  # CUDA is in use (safe_cap read free memory): from here on
+        if managed_host:
+            # host_alloc:managed applies once the process has made a managed segment
+            # (README, settings): the one line this mode adds to the program.
+            torch.ones(1, device="cuda")
             um.configure(host_alloc="managed")
     pinned = mode == "stock-pinned"
     x_cpu = torch.empty(size // 4, dtype=torch.float32).uniform_(-4, 4)
