@@ -778,12 +778,10 @@ def written(ptr):
     st, before = held[ptr]
     return not torch.equal(as_bytes(st), before)
 unwritten_at_touch = []
-def touch(ranges, kind="touch"):
-    log.append([kind, sorted([r[0], r[1]] for r in ranges)])
+def touch(ranges):
+    log.append(["touch", sorted([r[0], r[1]] for r in ranges)])
     # Before the reducer writes a bucket: it still holds what the last step read.
     unwritten_at_touch.extend(not written(r[0]) for r in ranges if r[0] in held)
-def touch_ahead(ranges):
-    touch(ranges, "ahead")
 
 def model(find_unused=False):
     torch.manual_seed(0)
@@ -801,7 +799,7 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     ddp = model()
     params = list(ddp.parameters())
-    b = _um_ddp.Buckets(forget, touch, touch_ahead)
+    b = _um_ddp.Buckets(forget, touch)
     opt = torch.optim.SGD(params, lr=0.01)
     for it in range(5):
         log.clear()
@@ -810,12 +808,10 @@ with warnings.catch_warnings(record=True) as caught:
         log.clear()
         ddp(x).pow(2).mean().backward()
         touched = [r for e in log if e[0] == "touch" for r in e[1]]
-        ahead = [r for e in log if e[0] == "ahead" for r in e[1]]
         now = storages(params)
-        out["iters"].append({"forgets": sorted(forgets), "touched": touched, "ahead": ahead,
-                             "sequence": [e[0] for e in log],
+        out["iters"].append({"forgets": sorted(forgets), "touched": touched,
                              "storages": [list(s) for s in now],
-                             "written_after": [written(ptr) for ptr, _ in touched + ahead
+                             "written_after": [written(ptr) for ptr, _ in touched
                                                if [ptr, _] in [list(n) for n in now]]})
         b.stepped([p for p in params if p.grad is not None])
         snap(params)
@@ -871,26 +867,20 @@ def test_ddp_buckets_are_forgotten_when_dropped_and_touched_before_written(
     """Note [DDP's buckets between steps], with a real DistributedDataParallel (gloo, one
     rank, on the CPU) and the engine stood in for: a forward forgets exactly the buckets
     its last step read and ``zero_grad()`` then dropped, once each; its backward touches
-    each of them once, before the reducer writes it, and once it knows the order from an
-    earlier backward over the same buckets, every one but the first a bucket ahead (on
-    the side stream's touch); zeroed gradients kept
+    each of them once, before the reducer writes it; zeroed gradients kept
     (``set_to_none=False``) are live and nothing is forgotten; when the hooks come off
     between the forgetting and the backward, every forgotten bucket is touched at once
     and the backward touches nothing; ``find_unused_parameters=True`` forgets nothing."""
     _, venv = um
     got = probe(venv, DDP_BUCKETS_PROBE)
     iters = got["iters"]
-    assert iters[0]["forgets"] == [] and iters[0]["touched"] == [] and iters[0]["ahead"] == []
-    for it in (1, 2, 4):  # the buckets the step before read, each forgotten and touched once
+    assert iters[0]["forgets"] == [] and iters[0]["touched"] == []
+    for it in (1, 2):  # the buckets the step before read, each forgotten and touched once
         assert iters[it]["forgets"] == iters[it - 1]["storages"], it
-        assert sorted(iters[it]["touched"] + iters[it]["ahead"]) == iters[it - 1]["storages"], it
+        assert sorted(iters[it]["touched"]) == iters[it - 1]["storages"], it
         assert len(iters[it]["storages"]) >= 2, "one bucket: the test would not tell them apart"
     assert iters[3]["forgets"] == [] and iters[3]["touched"] == []  # zeroed, kept: live
-    assert iters[3]["ahead"] == []
-    # Iteration 4's buckets are iteration 2's (the reducer rebuilt them at iteration 1), whose
-    # backward gave the order: the first bucket by its own hook, then each next one ahead.
-    n4 = len(iters[4]["forgets"])
-    assert iters[4]["sequence"] == ["touch"] + ["ahead"] * (n4 - 1)
+    assert iters[4]["forgets"] == iters[3]["storages"]
     # Every touch came before the reducer wrote its bucket, and the backward did write each
     # bucket that is still in use (it 1's are the buckets the reducer rebuilt away from).
     assert got["unwritten_at_touch"] and all(got["unwritten_at_touch"])
@@ -899,7 +889,6 @@ def test_ddp_buckets_are_forgotten_when_dropped_and_touched_before_written(
     c = got["counters"]
     n = sum(len(i["forgets"]) for i in iters)
     assert c["predict.ddp_forgotten"] == n == c["predict.ddp_touched"]
-    assert c["predict.ddp_touched_ahead"] == sum(len(i["ahead"]) for i in iters) >= n4 - 1
     assert c["predict.ddp_forgotten_bytes"] == sum(s for i in iters for _, s in i["forgets"])
     drop = got["drop"]
     assert drop["forgot"] and drop["dropped"] == drop["forgot"]

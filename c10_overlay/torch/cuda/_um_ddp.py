@@ -29,17 +29,7 @@ are on (Note [Use signals], um.py):
   of a forgotten bucket's parameters to get a gradient touches the whole bucket, which
   comes back by discard-and-prefetch, without a copy, one bucket at a time as the
   backward reaches it. A touch ends the forgetting wherever the bucket is: a write
-  after it can never be discarded;
-- one bucket ahead, off the compute stream: the order in which the last backward
-  reached the forgotten buckets is kept, and the first gradient of a bucket also touches
-  the bucket that came after it then (``touch_ahead``: the engine's touch on a side
-  stream), so that its bring-in runs beside the backward's kernels instead of between
-  them. Its own gradient hook then has nothing left to do. Order only matters for speed:
-  a bucket whose turn came earlier than last time is touched by its own hook, as before;
-  one touched ahead but written later is only on the device sooner. The side stream's
-  prefetch is coherent with the reducer's write on the compute stream, whichever runs
-  first (Note [Dead content is prefetched, not discarded], Executor.h), and waits on the
-  GPU for any eviction of the same pages (Note [Eviction fences]).
+  after it can never be discarded.
 
 What is given up is only what DDP overwrites itself: a gradient view kept past
 ``zero_grad(set_to_none=True)`` and read before the next backward reads undefined bytes,
@@ -65,7 +55,6 @@ released around calls into the engine that may block.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import weakref
 from collections.abc import Callable
@@ -82,29 +71,24 @@ TouchRanges = Callable[[list[Range]], None]
 class _Bucket:
     """A storage some of a DDP module's gradients viewed at a step."""
 
-    __slots__ = ("needed", "next", "owner", "params", "range", "storage", "touched")
+    __slots__ = ("params", "range", "storage", "touched")
 
-    def __init__(self, storage: torch.UntypedStorage, rng: Range, owner: _Module) -> None:
+    def __init__(self, storage: torch.UntypedStorage, rng: Range) -> None:
         self.storage: torch.UntypedStorage | None = storage  # held until forgotten
         self.range = rng
-        self.owner = owner
         self.params: list[weakref.ref[torch.Tensor]] = []
-        self.touched = False  # brought back, by its own hook or ahead
-        self.needed = False  # its first gradient came
-        self.next: _Bucket | None = None  # the forgotten bucket the last backward reached next
+        self.touched = False
 
 
 class _Module:
     """What is known of one DDP module: its parameters' hooks and its buckets."""
 
-    __slots__ = ("eligible", "handles", "kept", "order", "reached")
+    __slots__ = ("eligible", "handles", "kept")
 
     def __init__(self, eligible: bool) -> None:
         self.eligible = eligible
         self.handles: list[Any] = []
         self.kept: dict[int, _Bucket] = {}  # data_ptr -> bucket, from the last step
-        self.reached: list[int] = []  # data_ptrs of forgotten buckets, as this backward needs them
-        self.order: list[int] = []  # the same, of the last backward that needed any
 
 
 def eligible(module: torch.nn.Module) -> bool:
@@ -117,18 +101,15 @@ def eligible(module: torch.nn.Module) -> bool:
 class Buckets:
     """Note [DDP's buckets between steps]; one per process."""
 
-    def __init__(
-        self, forget: Forget, touch: TouchRanges, touch_ahead: TouchRanges | None = None
-    ) -> None:
+    def __init__(self, forget: Forget, touch: TouchRanges) -> None:
         self._forget = forget
-        self._touch = touch  # on the stream of the work about to write the bucket
-        self._touch_ahead = touch_ahead  # on a side stream; None: no touch ahead
+        self._touch = touch
         self._lock = threading.Lock()
         self._modules: WeakIdKeyDictionary = WeakIdKeyDictionary()  # DDP -> _Module
         self._owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # param -> _Module
         self._pending: dict[int, _Bucket] = {}  # id(param) -> its forgotten bucket
         self.active = True
-        self.stats = dict.fromkeys(("forgotten", "forgotten_bytes", "touched", "touched_ahead"), 0)
+        self.stats = dict.fromkeys(("forgotten", "forgotten_bytes", "touched"), 0)
 
     # -- the DDP module's forward -----------------------------------------------------
 
@@ -144,8 +125,6 @@ class Buckets:
             if not state.eligible or not state.kept:
                 return
             kept, state.kept = state.kept, {}
-            if state.reached:
-                state.order, state.reached = state.reached, []
             dead = []
             for bucket in kept.values():
                 params = [ref() for ref in bucket.params]
@@ -161,10 +140,6 @@ class Buckets:
         for bucket in kept.values():
             bucket.storage = None  # let the reducer free it if it rebuilds
         with self._lock:
-            by_ptr = {b.range[0]: b for b in dead}
-            for a, b in itertools.pairwise(state.order):
-                if a in by_ptr and b in by_ptr:
-                    by_ptr[a].next = by_ptr[b]
             for bucket in dead:
                 for ref in bucket.params:
                     p = ref()
@@ -191,23 +166,11 @@ class Buckets:
                 return
             with self._lock:
                 bucket = self._pending.pop(key, None)
-                if bucket is None or bucket.needed:
+                if bucket is None or bucket.touched:
                     return
-                bucket.needed = True
-                bucket.owner.reached.append(bucket.range[0])
-                now = not bucket.touched
                 bucket.touched = True
-                ahead = bucket.next
-                if self._touch_ahead is None or ahead is None or ahead.touched:
-                    ahead = None
-                else:
-                    ahead.touched = True
-                    self.stats["touched_ahead"] += 1
-                self.stats["touched"] += int(now) + int(ahead is not None)
-            if now:
-                self._touch([bucket.range])
-            if ahead is not None and self._touch_ahead is not None:
-                self._touch_ahead([ahead.range])
+                self.stats["touched"] += 1
+            self._touch([bucket.range])
 
         return before_accumulate
 
@@ -230,7 +193,7 @@ class Buckets:
                 buckets = fresh.setdefault(id(state), {})
                 bucket = buckets.get(ptr)
                 if bucket is None:
-                    bucket = buckets[ptr] = _Bucket(st, (ptr, st.nbytes(), g.get_device()), state)
+                    bucket = buckets[ptr] = _Bucket(st, (ptr, st.nbytes(), g.get_device()))
                     state.kept = buckets
                 bucket.params.append(weakref.ref(p))
 

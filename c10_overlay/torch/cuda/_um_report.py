@@ -119,8 +119,7 @@ def summary_text(
             f"{forgotten} forgotten between a step and the next backward "
             f"({size(predict.get('predict.ddp_forgotten_bytes', 0))} in all), "
             f"{predict.get('predict.ddp_touched', 0)} touched back before the backward wrote "
-            f"them ({predict.get('predict.ddp_touched_ahead', 0)} a bucket ahead, on a side "
-            f"stream); {size(e('um.forgotten_discard_bytes', 0))} left the device without a copy",
+            f"them; {size(e('um.forgotten_discard_bytes', 0))} left the device without a copy",
         )
     notes = _notes(engine, predict, config)
     if notes:

@@ -1323,23 +1323,6 @@ def _forget(ptr: int, size: int) -> int:
     return int(_lib.torch_um_forget(ptr, size)) if _lib is not None else 0
 
 
-_beside: dict[int, torch.cuda.Stream] = {}  # device -> the side stream of _touch_beside
-
-
-def _touch_beside(ranges: list[tuple[int, int, int]]) -> None:
-    """The use signal ahead of the use, on a side stream of each range's device, so that
-    the bring-in runs beside the current stream's kernels (the buckets' touch ahead, Note
-    [DDP's buckets between steps]). Any thread: a race makes one stream too many, once."""
-    if _lib is None:
-        return
-    touch = _lib.torch_um_touch
-    for ptr, size, dev in ranges:
-        stream = _beside.get(dev)
-        if stream is None:
-            stream = _beside.setdefault(dev, torch.cuda.Stream(device=dev))
-        touch(ptr, size, dev, stream.cuda_stream, 0)
-
-
 def _watch_ddp_buckets() -> Any:
     """With ``predict_ddp_buckets:True`` and torch.distributed: the process's Buckets,
     made on first use and switched on, with _pre_forward watching for DDP modules; its
@@ -1351,7 +1334,7 @@ def _watch_ddp_buckets() -> Any:
     from torch.nn.parallel import DistributedDataParallel
 
     if _buckets is None:
-        _buckets = _um_ddp.Buckets(_forget, _touch, _touch_beside)
+        _buckets = _um_ddp.Buckets(_forget, _touch)
     _buckets.active = True
     _ddp_type = DistributedDataParallel
     return _buckets.stepped
@@ -1460,15 +1443,13 @@ def predict_stats() -> dict[str, int]:
     torch/cuda/_um_ddp.py): ``predict.ddp_forgotten`` / ``predict.ddp_forgotten_bytes``
     (buckets forgotten at a forward's start, and the bytes the engine marked; the
     engine's ``um.forgotten_discard_bytes`` counts those that then left the device
-    without a copy), ``predict.ddp_touched`` (forgotten buckets touched back before the
-    backward wrote them) and ``predict.ddp_touched_ahead`` (of those, the ones touched a
-    bucket ahead, on a side stream); and of cuBLAS's workspaces, which the hooks hold on the
-    device with or without ``predict`` (Note [Library workspaces],
-    torch/cuda/_um_workspaces.py): ``predict.workspaces_held`` /
-    ``predict.workspace_held_bytes`` (the (thread, stream) pairs whose workspace is held now,
-    and its bytes; the engine's ``um.hold_bytes`` counts every hold),
-    ``predict.workspace_clears`` (times every workspace was freed to find one) and
-    ``predict.workspaces_left_alone`` (pairs not held)."""
+    without a copy) and ``predict.ddp_touched`` (forgotten buckets touched back by a
+    gradient hook); and of cuBLAS's workspaces, which the hooks hold on the device with
+    or without ``predict`` (Note [Library workspaces], torch/cuda/_um_workspaces.py):
+    ``predict.workspaces_held`` / ``predict.workspace_held_bytes`` (the (thread, stream)
+    pairs whose workspace is held now, and its bytes; the engine's ``um.hold_bytes``
+    counts every hold), ``predict.workspace_clears`` (times every workspace was freed
+    to find one) and ``predict.workspaces_left_alone`` (pairs not held)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())
