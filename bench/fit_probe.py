@@ -18,6 +18,14 @@ on, ...; ``stock``: an unmodified torch, the reference for both):
   ``wall_ms`` until the device is done;
 - ``events_per_step`` (``um``): the engine's block events a timed step (``block_events``;
   step 31's recorded run also counted the workload's setup, about 1 % more);
+- ``event_ns`` (``um``, state ``on``): host nanoseconds an event spends in the engine,
+  lock waits included, from the engine's sample of one event in 8 over the block's
+  allocations and steps (Note [Timing the event path], Engine.cpp), and
+  ``engine_ms_per_step``, that times ``events_per_step``: the share of a step's extra
+  host time that is the engine's own;
+- ``launch_us``: host microseconds to queue one small kernel (``x.add_(1)`` on 4 KiB
+  allocated in this block, so managed memory when on): whether launches cost more
+  in a process with managed memory;
 - the CPU canary before and after the block (bench.common.cpu_canary).
 
 Under ``um`` the total-managed cap is 80 % of the free memory read at start
@@ -46,6 +54,20 @@ def alloc_us(torch: Any, nbytes: int, n: int) -> float:
         x = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         del x
     return (time.perf_counter() - t) / n * 1e6
+
+
+def launch_us(torch: Any, n: int) -> float:
+    """Host microseconds to queue one small kernel on a tensor of this block's memory."""
+    x = torch.zeros(1024, device="cuda")
+    for _ in range(100):
+        x.add_(1.0)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        x.add_(1.0)
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return host
 
 
 def step_times(
@@ -80,13 +102,23 @@ def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> 
     def events() -> int:
         return int(um.stats()["um.block_events"]) if um is not None else 0
 
+    def sampled() -> tuple[int, int]:
+        if um is None:
+            return 0, 0
+        s = um.stats()
+        return int(s.get("um.event_samples", 0)), int(s.get("um.event_sample_ns", 0))
+
     before = cpu_canary()
-    events0 = events()
+    events0, sampled0 = events(), sampled()
     small, large = alloc_us(torch, 512, a.allocs), alloc_us(torch, 4 << 20, a.allocs)
     events1 = events()
+    launch = launch_us(torch, a.allocs)
     rows, per_step = step_times(torch, sgd_stepper(make()), a.steps, a.warmup, events)
+    sampled1 = sampled()
     canary = max(before, cpu_canary())
     host, cpu, wall = (statistics.median(r[k] for r in rows) for k in range(3))
+    n_sampled = sampled1[0] - sampled0[0]
+    event_ns = (sampled1[1] - sampled0[1]) / n_sampled if n_sampled else None
     return {
         "state": state,
         "canary_s": canary,
@@ -97,6 +129,9 @@ def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> 
         "cpu_ms": cpu,
         "wall_ms": wall,
         "events_per_step": per_step,
+        "event_ns": event_ns,
+        "engine_ms_per_step": event_ns * per_step / 1e6 if event_ns is not None else None,
+        "launch_us": launch,
         "steps": rows,
     }
 
@@ -129,13 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     blocks = [block(torch, um, state, make, a) for state in order]
     print(
         f"{'state':6} {'canary ms':>9} {'alloc 512B us':>13} {'alloc 4MiB us':>13} "
-        f"{'host ms':>8} {'cpu ms':>7} {'wall ms':>8} {'events/step':>11}"
+        f"{'launch us':>9} {'host ms':>8} {'cpu ms':>7} {'wall ms':>8} {'events/step':>11} "
+        f"{'event ns':>8} {'engine ms':>9}"
     )
     for b in blocks:
+        ns, engine = b["event_ns"], b["engine_ms_per_step"]
         print(
             f"{b['state']:6} {b['canary_s'] * 1e3:9.2f} {b['alloc_small_us']:13.2f} "
-            f"{b['alloc_large_us']:13.2f} {b['host_ms']:8.2f} {b['cpu_ms']:7.2f} "
-            f"{b['wall_ms']:8.2f} {b['events_per_step']:11.0f}"
+            f"{b['alloc_large_us']:13.2f} {b['launch_us']:9.2f} {b['host_ms']:8.2f} "
+            f"{b['cpu_ms']:7.2f} {b['wall_ms']:8.2f} {b['events_per_step']:11.0f} "
+            + (f"{ns:8.0f} {engine:9.3f}" if ns is not None else f"{'-':>8} {'-':>9}")
         )
     emit(
         {

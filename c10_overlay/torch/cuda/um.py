@@ -148,6 +148,8 @@ class _Stats(ctypes.Structure):
             "forget_bytes",
             "forgotten_discard_bytes",
             "hold_bytes",
+            "event_samples",
+            "event_sample_ns",
         )
     ]
 

@@ -179,6 +179,12 @@ class Engine {
   uint64_t cap_refusals_ = 0;
   uint64_t headroom_refusals_ = 0;
   uint64_t block_events_ = 0;
+  // Note [Timing the event path]: every kEventSampleEvery-th block event of
+  // each thread is timed, from onBlockEvent's entry (before the lock) to its
+  // return; the samples and their host nanoseconds.
+  static constexpr uint32_t kEventSampleEvery = 8;
+  std::atomic<uint64_t> event_samples_{0};
+  std::atomic<uint64_t> event_sample_ns_{0};
   std::atomic<int> captures_{0};
   // A capture has begun in this process: from then on, a block event whose
   // pool is Unknown (torch 2.6, 2.7) may be a graph pool's.

@@ -94,6 +94,11 @@ typedef struct TorchUmStats {
   /* Note [Held ranges] (Residency.h), process-wide: bytes a touch with
    * TORCH_UM_TOUCH_HOLD took out of the eviction orders. */
   uint64_t hold_bytes;
+  /* Note [Timing the event path] (Engine.cpp), process-wide: block events
+   * timed (one in 8 per thread) and their host nanoseconds in the engine,
+   * lock waits included. */
+  uint64_t event_samples;
+  uint64_t event_sample_ns;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
