@@ -376,6 +376,75 @@ bool randomTrace(uint64_t seed) {
   return true;
 }
 
+// Note [Orders built on demand]: a ledger whose eviction orders are built at
+// its first makeRoom decides, step by step, as one that kept them from the
+// start. Two segments fit under the budget while blocks come and go; then
+// three more make it choose victims.
+bool ordersBuiltLateDecideAlike(uint64_t seed) {
+  Sim late, kept;
+  Carver rnd(seed);
+  late.lim.budget = kept.lim.budget = 40 * kChunkBytes;
+  late.lim.discard = kept.lim.discard = seed % 3 != 0;
+  const uintptr_t base0 = 1ull << 32;
+  std::vector<std::pair<uintptr_t, uint64_t>> segments;
+  auto addSegment = [&](int i) {
+    const uint64_t size = (8 + rnd.rng() % 9) * kChunkBytes - (i == 4 ? 4096 : 0);
+    const uintptr_t base = base0 + i * (64ull << 20);
+    segments.push_back({base, size});
+    return late.addSegment(base, size) && kept.addSegment(base, size);
+  };
+  for (int i = 0; i < 2; ++i) {
+    if (!addSegment(i)) return false;
+  }
+  kept.r.ensureOrdered(0);
+  auto same = [](const std::vector<Action>& a, const std::vector<Action>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t k = 0; k < a.size(); ++k) {
+      if (a[k].kind != b[k].kind || a[k].addr != b[k].addr || a[k].size != b[k].size ||
+          a[k].device != b[k].device || a[k].stream != b[k].stream ||
+          a[k].segment != b[k].segment || a[k].fence != b[k].fence) {
+        return false;
+      }
+    }
+    return true;
+  };
+  uint64_t chose = 0; // steps whose actions included an eviction or a discard
+  for (int step = 0; step < 3000; ++step) {
+    if (step == 1000) {
+      for (int i = 2; i < 5; ++i) {
+        if (!addSegment(i)) return false;
+      }
+    }
+    const int op = rnd.rng() % 10;
+    if (op < 4) {
+      auto [base, size] = segments[rnd.rng() % segments.size()];
+      const uint64_t n = rnd.size(std::min<uint64_t>(size, 6 * kChunkBytes));
+      const uintptr_t a = base + (rnd.rng() % ((size - n) / 512 + 1)) * 512;
+      if (late.overlapsLive(a, a + n, 0)) continue;
+      if (!late.alloc(a, n) || !kept.alloc(a, n)) return false;
+    } else if (op < 7 && !late.live.empty()) {
+      auto it = late.live.begin();
+      std::advance(it, rnd.rng() % late.live.size());
+      const uintptr_t a = it->first;
+      if (!late.free(a) || !kept.free(a)) return false;
+    } else if (!late.live.empty()) {
+      auto it = late.live.begin();
+      std::advance(it, rnd.rng() % late.live.size());
+      const uintptr_t a = it->first;
+      const bool read_only = rnd.rng() % 3 == 0;
+      if (!late.touch(a, read_only) || !kept.touch(a, read_only)) return false;
+    }
+    CHECK(same(late.last, kept.last), "seed %llu, step %d: the decisions differ",
+          (unsigned long long)seed, step);
+    for (const Action& x : late.last) {
+      chose += x.kind == Action::EvictToHost || x.kind == Action::Discard;
+    }
+  }
+  CHECK(chose > 0, "seed %llu: no victim was ever chosen: the test compares nothing",
+        (unsigned long long)seed);
+  return true;
+}
+
 // A training loop: persistent parameters and optimizer state, activations
 // allocated in forward order and freed in reverse in backward, gradients.
 struct Loop {
@@ -1062,6 +1131,12 @@ int main() {
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     bool ok = randomTrace(seed);
     if (!ok) std::printf("FAIL random trace, seed %llu\n", (unsigned long long)seed);
+    ++run;
+  }
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    bool ok = ordersBuiltLateDecideAlike(seed);
+    std::printf("%s orders built late decide alike, seed %llu\n", ok ? "ok  " : "FAIL",
+                (unsigned long long)seed);
     ++run;
   }
   std::printf("%d cases, %d failures\n", run, g_failures);

@@ -165,6 +165,10 @@ void Residency::unlink(Segment& seg, size_t i) {
   if (c.in == OrderKind::Dead) {
     d.dead_bytes -= seg.chunkSize(i);
   }
+  if (!d.ordered) { // Note [Orders built on demand]
+    c.in = OrderKind::None;
+    return;
+  }
   // Note [The eviction order's cost]: erased from the order it is in, through
   // its entry; the node is kept for the next link.
   Order& from = order(d, c.in);
@@ -184,6 +188,13 @@ void Residency::link(Segment& seg, size_t i) {
   if (kind == OrderKind::None) {
     return;
   }
+  if (kind == OrderKind::Dead) {
+    d.dead_bytes += seg.chunkSize(i);
+  }
+  if (!d.ordered) { // Note [Orders built on demand]
+    c.in = kind;
+    return;
+  }
   // Note [The eviction order's cost]: most links are at the newest tick. The
   // key is unique: segments in the ledger never overlap (addSegment).
   Order& into = order(d, kind);
@@ -196,9 +207,25 @@ void Residency::link(Segment& seg, size_t i) {
   }
   assert(spare_.empty()); // inserted, not found: the node is the chunk's
   c.in = kind;
-  if (kind == OrderKind::Dead) {
-    d.dead_bytes += seg.chunkSize(i);
+}
+
+void Residency::ensureOrdered(int device) {
+  DeviceLru& d = lru(device);
+  if (d.ordered) {
+    return;
   }
+  for (auto& [base, seg] : segments_) {
+    if (seg.device != device) {
+      continue;
+    }
+    for (size_t i = 0; i < seg.chunks.size(); ++i) {
+      Chunk& c = seg.chunks[i];
+      if (c.in != OrderKind::None) {
+        c.pos = order(d, c.in).emplace(c.tick, seg.chunkAddr(i)).first;
+      }
+    }
+  }
+  d.ordered = true;
 }
 
 void Residency::setWhere(Segment& seg, size_t i, Where to) {
@@ -419,6 +446,7 @@ uint64_t Residency::makeRoom(
     uint64_t protect_tick,
     void* stream,
     std::vector<Action>& out) {
+  ensureOrdered(device); // Note [Orders built on demand]
   DeviceLru& d = lru(device);
   uint64_t freed = 0;
   while (freed < need) {
@@ -934,7 +962,8 @@ std::string Residency::checkInvariants() const {
       if (c.in != orderOf(seg, i)) {
         return "a chunk is not in the eviction order its state says";
       }
-      if (c.in != OrderKind::None && *c.pos != Key{c.tick, seg.chunkAddr(i)}) {
+      if (devices_[seg.device].ordered && c.in != OrderKind::None &&
+          *c.pos != Key{c.tick, seg.chunkAddr(i)}) {
         return "a chunk's entry in the eviction order is not its own";
       }
       if (c.where != Where::Host && !c.held) {
@@ -956,8 +985,11 @@ std::string Residency::checkInvariants() const {
             ", chunks say " + std::to_string(e.bytes[w]);
       }
     }
-    if (a.live != e.live || a.scan != e.scan || a.dead != e.dead) {
+    if (a.ordered && (a.live != e.live || a.scan != e.scan || a.dead != e.dead)) {
       return "device " + std::to_string(dev) + ": eviction order out of date";
+    }
+    if (!a.ordered && !(a.live.empty() && a.scan.empty() && a.dead.empty())) {
+      return "device " + std::to_string(dev) + ": orders hold chunks before they are built";
     }
     if (a.dead_bytes != e.dead_bytes) {
       return "device " + std::to_string(dev) + ": dead bytes are " +

@@ -428,6 +428,10 @@ class Residency {
 
   // Empty if the ledger is consistent, else what is wrong (tests).
   std::string checkInvariants() const;
+  // Note [Orders built on demand]: fills the device's eviction orders from
+  // its chunks, once; makeRoom calls it (public for the tests, which compare
+  // orders built late with orders kept from the start).
+  void ensureOrdered(int device);
   // Where the chunk at addr is, and its live bytes (tests).
   Where whereIs(uintptr_t addr) const;
   uint32_t liveBytesAt(uintptr_t addr) const;
@@ -460,6 +464,21 @@ class Residency {
   // re-link allocates and frees nothing. A chunk records which order it is
   // in (Chunk::in), and unlink erases from that one: an entry is never
   // erased through another order, whatever the chunk's state says.
+  //
+  // Note [Orders built on demand]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // Only makeRoom reads the orders, and a job whose data fits never calls
+  // it; yet each of its block events still moved every chunk that turned
+  // dead or live from one order to the other: 40-45 ns a chunk on a
+  // 2-core CPU (bench/engine_event_cost.cpp), 0.4 ms of a small GPT's step
+  // and 1.6 ms of a ResNet-50's on the GPU host's slow CPU state (the
+  // engine's own share, timed: Note [Timing the event path], Engine.cpp;
+  // bench/README.md, prediction step 41). So a device's orders are built
+  // the first time makeRoom needs them (DeviceLru::ordered); until then
+  // link and unlink keep each chunk's kind (Chunk::in) and the byte counts
+  // and leave the sets alone. The sets are a function of the chunks'
+  // (kind, tick, address), so the ones built late are the ones that would
+  // have been kept all along. Once built they are kept, as before.
   using Key = std::pair<uint64_t, uintptr_t>;
   using Order = std::set<Key>;
   // Which of its device's orders (DeviceLru) a chunk is in.
@@ -528,6 +547,9 @@ class Residency {
     // The bytes of the chunks in `dead`, kept by link/unlink, so that
     // stats() costs no walk (Note [Dead bytes are counted]).
     uint64_t dead_bytes = 0;
+    // The three orders hold their chunks (Note [Orders built on demand]);
+    // until then only Chunk::in and the byte counts are kept.
+    bool ordered = false;
     // Counted against the budget: unplaced pages migrate on first touch.
     uint64_t resident() const {
       return bytes[static_cast<int>(Where::Device)] +
