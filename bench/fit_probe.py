@@ -14,13 +14,15 @@ on, ...; ``stock``: an unmodified torch, the reference for both):
   free (512 bytes, the small pool; 4 MiB, the large pool), the allocator's path with the
   engine's trace tracker and block events behind it;
 - per training step, synchronised at its end so that each starts on an idle queue:
-  ``host_ms`` until ``opt.step()`` returns, ``cpu_ms`` the main thread's CPU time in it,
-  ``wall_ms`` until the device is done;
+  ``host_ms`` until ``opt.step()`` returns, ``cpu_ms`` the main thread's CPU time in it
+  (the backward's autograd thread not counted), ``wall_ms`` until the device is done,
+  and ``phase_ms``: the host ms of the forward (with the loss), the backward (until
+  ``backward()`` returns: the autograd thread's queueing) and the optimizer step;
 - ``events_per_step`` (``um``): the engine's block events a timed step (``block_events``;
   step 31's recorded run also counted the workload's setup, about 1 % more);
 - ``event_ns`` (``um``, state ``on``): host nanoseconds an event spends in the engine,
   lock waits included, from the engine's sample of one event in 8 over the block's
-  allocations and steps (Note [Timing the event path], Engine.cpp), and
+  training steps, warm-up included (Note [Timing the event path], Engine.cpp), and
   ``engine_ms_per_step``, that times ``events_per_step``: the share of a step's extra
   host time that is the engine's own;
 - ``launch_us``: host microseconds to queue one small kernel (``x.add_(1)`` on 4 KiB
@@ -36,6 +38,7 @@ table and one ``BENCH_RESULT`` JSON line.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -70,30 +73,62 @@ def launch_us(torch: Any, n: int) -> float:
     return host
 
 
+def phase_stepper(workload: Any, marks: list[float]) -> Callable[[], Any]:
+    """``bench.workloads.sgd_stepper``'s step, appending to ``marks`` the host time
+    (perf_counter) after the forward and loss, the backward and the optimizer step."""
+    import torch
+
+    model, batch, target = workload
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> Any:
+        opt.zero_grad(set_to_none=True)
+        out = model(batch)
+        loss = loss_fn(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+        marks.append(time.perf_counter())
+        loss.backward()
+        marks.append(time.perf_counter())
+        opt.step()
+        marks.append(time.perf_counter())
+        return loss
+
+    return step
+
+
 def step_times(
-    torch: Any, step: Callable[[], Any], steps: int, warmup: int, events: Callable[[], int]
-) -> tuple[list[tuple[float, float, float]], float]:
-    """(host ms, main-thread CPU ms, wall ms) of each timed call of ``step`` (a training
-    step), each after the device is idle, and the block events (``events()``, a counter)
-    a timed step: the warm-up and whatever made ``step`` left out."""
-    out: list[tuple[float, float, float]] = []
+    torch: Any,
+    step: Callable[[], Any],
+    steps: int,
+    warmup: int,
+    events: Callable[[], int],
+    marks: list[float],
+) -> tuple[list[tuple[float, float, float, list[float]]], float]:
+    """(host ms, main-thread CPU ms, wall ms, host ms of each phase) of each timed call
+    of ``step`` (a phase_stepper step, which appends its phase ends to ``marks``), each
+    after the device is idle, and the block events (``events()``, a counter) a timed
+    step: the warm-up and whatever made ``step`` left out."""
+    out: list[tuple[float, float, float, list[float]]] = []
     first = 0
     for i in range(warmup + steps):
         torch.cuda.synchronize()
         if i == warmup:
             first = events()
+        marks.clear()
         t0, c0 = time.perf_counter(), time.thread_time()
         step()
         t1, c1 = time.perf_counter(), time.thread_time()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         if i >= warmup:
-            out.append(((t1 - t0) * 1e3, (c1 - c0) * 1e3, (t2 - t0) * 1e3))
+            ends = [t0, *marks]
+            phases = [(b - a) * 1e3 for a, b in itertools.pairwise(ends)]
+            out.append(((t1 - t0) * 1e3, (c1 - c0) * 1e3, (t2 - t0) * 1e3, phases))
     return out, (events() - first) / steps
 
 
 def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> dict[str, Any]:
-    from bench.workloads import release_cache, sgd_stepper
+    from bench.workloads import release_cache
 
     if um is not None:
         um.configure(enabled=state == "on")
@@ -109,14 +144,21 @@ def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> 
         return int(s.get("um.event_samples", 0)), int(s.get("um.event_sample_ns", 0))
 
     before = cpu_canary()
-    events0, sampled0 = events(), sampled()
+    events0 = events()
     small, large = alloc_us(torch, 512, a.allocs), alloc_us(torch, 4 << 20, a.allocs)
     events1 = events()
     launch = launch_us(torch, a.allocs)
-    rows, per_step = step_times(torch, sgd_stepper(make()), a.steps, a.warmup, events)
+    sampled0 = sampled()  # the steps' events only (warm-up included), not the allocations'
+    marks: list[float] = []
+    rows, per_step = step_times(
+        torch, phase_stepper(make(), marks), a.steps, a.warmup, events, marks
+    )
     sampled1 = sampled()
     canary = max(before, cpu_canary())
-    host, cpu, wall = (statistics.median(r[k] for r in rows) for k in range(3))
+    host = statistics.median(r[0] for r in rows)
+    cpu = statistics.median(r[1] for r in rows)
+    wall = statistics.median(r[2] for r in rows)
+    phase_ms = [statistics.median(r[3][k] for r in rows) for k in range(3)]
     n_sampled = sampled1[0] - sampled0[0]
     event_ns = (sampled1[1] - sampled0[1]) / n_sampled if n_sampled else None
     return {
@@ -128,6 +170,7 @@ def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> 
         "host_ms": host,
         "cpu_ms": cpu,
         "wall_ms": wall,
+        "phase_ms": dict(zip(("forward", "backward", "optimizer"), phase_ms, strict=True)),
         "events_per_step": per_step,
         "event_ns": event_ns,
         "engine_ms_per_step": event_ns * per_step / 1e6 if event_ns is not None else None,
@@ -165,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'state':6} {'canary ms':>9} {'alloc 512B us':>13} {'alloc 4MiB us':>13} "
         f"{'launch us':>9} {'host ms':>8} {'cpu ms':>7} {'wall ms':>8} {'events/step':>11} "
-        f"{'event ns':>8} {'engine ms':>9}"
+        f"{'event ns':>8} {'engine ms':>9} {'fwd/bwd/opt ms':>16}"
     )
     for b in blocks:
         ns, engine = b["event_ns"], b["engine_ms_per_step"]
@@ -174,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{b['alloc_large_us']:13.2f} {b['launch_us']:9.2f} {b['host_ms']:8.2f} "
             f"{b['cpu_ms']:7.2f} {b['wall_ms']:8.2f} {b['events_per_step']:11.0f} "
             + (f"{ns:8.0f} {engine:9.3f}" if ns is not None else f"{'-':>8} {'-':>9}")
+            + " {:5.2f}/{:5.2f}/{:4.2f}".format(*b["phase_ms"].values())
         )
     emit(
         {

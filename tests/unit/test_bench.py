@@ -6,6 +6,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -205,15 +206,20 @@ def test_fit_probe_counts_the_events_of_timed_steps_only() -> None:
     class Torch:
         cuda = Cuda
 
+    marks: list[float] = []
+
     def step() -> None:
         counter["events"] += 10 if len(synced) <= 2 * 2 else 7  # warm-up steps make more
+        marks.extend(time.perf_counter() for _ in range(3))  # as phase_stepper's step does
 
     rows, per_step = fit_probe.step_times(
-        Torch, step, steps=3, warmup=2, events=lambda: counter["events"]
+        Torch, step, steps=3, warmup=2, events=lambda: counter["events"], marks=marks
     )
     assert per_step == 7
     assert len(rows) == 3
-    assert all(host >= 0 and cpu >= 0 and wall >= host for host, cpu, wall in rows)
+    assert all(host >= 0 and cpu >= 0 and wall >= host for host, cpu, wall, _ in rows)
+    # three phases a step, which add up to no more than the step's host time
+    assert all(len(ph) == 3 and 0 <= sum(ph) <= host + 1e-6 for host, _, _, ph in rows)
     assert len(synced) == 2 * 5  # idle before each step and done after it
 
 
