@@ -73,29 +73,6 @@ def launch_us(torch: Any, n: int) -> float:
     return host
 
 
-def phase_stepper(workload: Any, marks: list[float]) -> Callable[[], Any]:
-    """``bench.workloads.sgd_stepper``'s step, appending to ``marks`` the host time
-    (perf_counter) after the forward and loss, the backward and the optimizer step."""
-    import torch
-
-    model, batch, target = workload
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step() -> Any:
-        opt.zero_grad(set_to_none=True)
-        out = model(batch)
-        loss = loss_fn(out.reshape(-1, out.shape[-1]), target.reshape(-1))
-        marks.append(time.perf_counter())
-        loss.backward()
-        marks.append(time.perf_counter())
-        opt.step()
-        marks.append(time.perf_counter())
-        return loss
-
-    return step
-
-
 def step_times(
     torch: Any,
     step: Callable[[], Any],
@@ -105,7 +82,7 @@ def step_times(
     marks: list[float],
 ) -> tuple[list[tuple[float, float, float, list[float]]], float]:
     """(host ms, main-thread CPU ms, wall ms, host ms of each phase) of each timed call
-    of ``step`` (a phase_stepper step, which appends its phase ends to ``marks``), each
+    of ``step`` (an sgd_stepper step that appends its phase ends to ``marks``), each
     after the device is idle, and the block events (``events()``, a counter) a timed
     step: the warm-up and whatever made ``step`` left out."""
     out: list[tuple[float, float, float, list[float]]] = []
@@ -128,7 +105,7 @@ def step_times(
 
 
 def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> dict[str, Any]:
-    from bench.workloads import release_cache
+    from bench.workloads import release_cache, sgd_stepper
 
     if um is not None:
         um.configure(enabled=state == "on")
@@ -150,9 +127,8 @@ def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> 
     launch = launch_us(torch, a.allocs)
     sampled0 = sampled()  # the steps' events only (warm-up included), not the allocations'
     marks: list[float] = []
-    rows, per_step = step_times(
-        torch, phase_stepper(make(), marks), a.steps, a.warmup, events, marks
-    )
+    step = sgd_stepper(make(), mark=lambda: marks.append(time.perf_counter()))
+    rows, per_step = step_times(torch, step, a.steps, a.warmup, events, marks)
     sampled1 = sampled()
     canary = max(before, cpu_canary())
     host = statistics.median(r[0] for r in rows)

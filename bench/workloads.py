@@ -51,9 +51,12 @@ def gpt() -> Workload:
 WORKLOADS: dict[str, Callable[[], Workload]] = {"resnet50": resnet50, "gpt": gpt}
 
 
-def sgd_stepper(workload: Workload) -> Callable[[], Any]:
+def sgd_stepper(
+    workload: Workload, mark: Callable[[], None] | None = None
+) -> Callable[[], Any]:
     """A function that runs one SGD step of ``workload`` (momentum 0.9, cross-entropy)
-    each time it is called, and returns the step's loss."""
+    each time it is called, and returns the step's loss. ``mark``, if given, is called
+    after each phase: the forward with the loss, the backward, the optimizer step."""
     model, batch, target = workload
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -62,8 +65,14 @@ def sgd_stepper(workload: Workload) -> Callable[[], Any]:
         opt.zero_grad(set_to_none=True)
         out = model(batch)
         loss = loss_fn(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+        if mark is not None:
+            mark()
         loss.backward()
+        if mark is not None:
+            mark()
         opt.step()
+        if mark is not None:
+            mark()
         return loss
 
     return step

@@ -210,7 +210,7 @@ def test_fit_probe_counts_the_events_of_timed_steps_only() -> None:
 
     def step() -> None:
         counter["events"] += 10 if len(synced) <= 2 * 2 else 7  # warm-up steps make more
-        marks.extend(time.perf_counter() for _ in range(3))  # as phase_stepper's step does
+        marks.extend(time.perf_counter() for _ in range(3))  # as sgd_stepper's marks do
 
     rows, per_step = fit_probe.step_times(
         Torch, step, steps=3, warmup=2, events=lambda: counter["events"], marks=marks
