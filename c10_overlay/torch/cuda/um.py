@@ -485,7 +485,9 @@ def stats(device: DeviceLike = None) -> dict[str, int]:
     ``um.discard_bytes``, ``um.touch_prefetch_bytes``, ``um.reuse_bytes``,
     ``um.cancelled_bytes`` and more; the executor's host time:
     ``um.executor_ns``, ``um.evictor_ns``, ``um.evictor_wait_ns``,
-    ``um.fence_wait_ns``. Empty without an engine. Does not initialise CUDA.
+    ``um.fence_wait_ns``; the block events' own cost, sampled (one in 8 a
+    thread): ``um.event_samples``, ``um.event_sample_ns``. Empty without an
+    engine. Does not initialise CUDA.
     """
     if _lib is None:
         return {}
