@@ -470,15 +470,17 @@ class Residency {
   // Only makeRoom reads the orders, and a job whose data fits never calls
   // it; yet each of its block events still moved every chunk that turned
   // dead or live from one order to the other: 40-45 ns a chunk on a
-  // 2-core CPU (bench/engine_event_cost.cpp), 0.4 ms of a small GPT's step
-  // and 1.6 ms of a ResNet-50's on the GPU host's slow CPU state (the
-  // engine's own share, timed: Note [Timing the event path], Engine.cpp;
-  // bench/README.md, prediction step 41). So a device's orders are built
-  // the first time makeRoom needs them (DeviceLru::ordered); until then
-  // link and unlink keep each chunk's kind (Chunk::in) and the byte counts
-  // and leave the sets alone. The sets are a function of the chunks'
-  // (kind, tick, address), so the ones built late are the ones that would
-  // have been kept all along. Once built they are kept, as before.
+  // 2-core CPU (bench/engine_event_cost.cpp), and on the GPU host's slow CPU
+  // state 1.2-1.3 ms of a small GPT's step and 4.0-4.4 ms of a ResNet-50's
+  // (the engine's own share, timed: Note [Timing the event path],
+  // Engine.cpp). So a device's orders are built the first time makeRoom
+  // needs them (DeviceLru::ordered); until then link and unlink keep each
+  // chunk's kind (Chunk::in) and the byte counts and leave the sets alone:
+  // 0.4 and 1.1 ms a step there (bench/README.md, prediction step 41). The
+  // sets are a function of the chunks' (kind, tick, address), so the ones
+  // built late are the ones that would have been kept all along, and make
+  // the same decisions (tests/engine/residency_test.cpp,
+  // ordersBuiltLateDecideAlike). Once built they are kept, as before.
   using Key = std::pair<uint64_t, uintptr_t>;
   using Order = std::set<Key>;
   // Which of its device's orders (DeviceLru) a chunk is in.
