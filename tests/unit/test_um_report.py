@@ -138,6 +138,17 @@ def test_weights_streamed_per_forward() -> None:
     assert "1 orders of calls recorded, 0 forwards left theirs" in text
 
 
+def test_block_events_and_their_sampled_cost() -> None:
+    """Note [Timing the event path]: a row once an event was timed, with the mean."""
+    assert "block events" not in _summary(0, _engine(), PREDICT, CONFIG, True)
+    engine = _engine(**{"um.block_events": 8000, "um.event_samples": 1000})
+    engine["um.event_sample_ns"] = 450_000
+    assert (
+        "events 8000 allocator block events, 450 ns each in the engine (mean of 1000 timed, "
+        "one in 8 a thread; process-wide)" in _summary(0, engine, PREDICT, CONFIG, True)
+    )
+
+
 def test_ddp_buckets_forgotten_and_what_left_without_a_copy() -> None:
     """Note [DDP's buckets between steps]: a row only once a bucket was forgotten."""
     assert "DDP buckets" not in _summary(0, _engine(), PREDICT, CONFIG, True)

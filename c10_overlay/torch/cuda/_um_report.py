@@ -111,6 +111,14 @@ def summary_text(
         f"read-only copies "
         f"{size(e('um.duplicate_bytes', 0))} (process-wide, since start)",
     )
+    samples = e("um.event_samples", 0)
+    if samples:  # Note [Timing the event path], Engine.cpp
+        row(
+            "events",
+            f"{e('um.block_events', 0)} allocator block events, "
+            f"{e('um.event_sample_ns', 0) / samples:.0f} ns each in the engine "
+            f"(mean of {samples} timed, one in 8 a thread; process-wide)",
+        )
     _predict_rows(predict, row)
     forgotten = predict.get("predict.ddp_forgotten", 0)
     if forgotten:  # Note [DDP's buckets between steps], torch/cuda/_um_ddp.py
