@@ -411,6 +411,8 @@ bool ordersBuiltLateDecideAlike(uint64_t seed) {
   uint64_t chose = 0; // steps whose actions included an eviction or a discard
   for (int step = 0; step < 3000; ++step) {
     if (step == 1000) {
+      CHECK(!late.r.ordered(0), "seed %llu: orders built before anything needed room",
+            (unsigned long long)seed);
       for (int i = 2; i < 5; ++i) {
         if (!addSegment(i)) return false;
       }
@@ -441,6 +443,8 @@ bool ordersBuiltLateDecideAlike(uint64_t seed) {
     }
   }
   CHECK(chose > 0, "seed %llu: no victim was ever chosen: the test compares nothing",
+        (unsigned long long)seed);
+  CHECK(late.r.ordered(0), "seed %llu: victims chosen with no order built",
         (unsigned long long)seed);
   return true;
 }
@@ -535,6 +539,8 @@ bool fitsIssuesNothing() {
         (unsigned long long)(s.actions - before));
   CHECK(s.r.counters().evict_bytes == 0 && s.r.counters().discard_bytes == 0,
         "evictions although everything fits");
+  // Note [Orders built on demand]: nothing needed room, so no order was kept.
+  CHECK(!s.r.ordered(0), "eviction orders built in a loop that fits");
   return true;
 }
 

@@ -432,6 +432,9 @@ class Residency {
   // its chunks, once; makeRoom calls it (public for the tests, which compare
   // orders built late with orders kept from the start).
   void ensureOrdered(int device);
+  bool ordered(int device) const {
+    return static_cast<size_t>(device) < devices_.size() && devices_[device].ordered;
+  }
   // Where the chunk at addr is, and its live bytes (tests).
   Where whereIs(uintptr_t addr) const;
   uint32_t liveBytesAt(uintptr_t addr) const;
