@@ -204,9 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker:
         worker(a.mode, budget)
         return 0
-    paths = {"um": a.um_pythonpath, "um-managed-host": a.um_pythonpath}
-    paths["stock"] = a.stock_pythonpath
-    paths["stock-pinned"] = a.stock_pythonpath
+    paths = {
+        "um": a.um_pythonpath,
+        "um-managed-host": a.um_pythonpath,
+        "stock": a.stock_pythonpath,
+        "stock-pinned": a.stock_pythonpath,
+    }
     modes = selected_modes(a.modes, a.prev_pythonpath is not None)
     if a.prev_pythonpath:
         paths["um-prev"] = a.prev_pythonpath

@@ -60,19 +60,17 @@ def sgd_stepper(
     model, batch, target = workload
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
+    phase_done = mark if mark is not None else lambda: None
 
     def step() -> Any:
         opt.zero_grad(set_to_none=True)
         out = model(batch)
         loss = loss_fn(out.reshape(-1, out.shape[-1]), target.reshape(-1))
-        if mark is not None:
-            mark()
+        phase_done()
         loss.backward()
-        if mark is not None:
-            mark()
+        phase_done()
         opt.step()
-        if mark is not None:
-            mark()
+        phase_done()
         return loss
 
     return step
