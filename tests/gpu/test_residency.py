@@ -643,6 +643,24 @@ def test_inference_under_budget_matches_in_memory(torch_mod: Any, um: Any, limit
     assert _on_device(um) <= 128 * MiB
 
 
+def test_placement_follows_an_explicit_eviction(torch_mod: Any, um: Any, limits: Limits) -> None:
+    """torch.cuda.um.placement (the README's example): a managed tensor's bytes add up to
+    its storage's wherever they are, none held; after an explicit eviction
+    (``um.prefetch(t, "cpu")``, which moves every chunk the range touches) all of them
+    are in host RAM, and the data is intact."""
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    t = torch.ones(64 * MiB // 4, device="cuda")
+    n = t.untyped_storage().nbytes()
+    before = um.placement(t)
+    assert before.device + before.host + before.unplaced == n and before.held == 0, before
+    um.prefetch(t, "cpu")
+    torch.cuda.synchronize()
+    after = um.placement(t)
+    assert after.host == n and after.device == after.unplaced == after.held == 0, after
+    assert float(t.sum()) == n // 4
+
+
 def test_cublas_workspaces_are_held_past_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
     """Note [Library workspaces] (torch/cuda/_um_workspaces.py): the first forward runs
     before the hooks (the workspace is made then and may be evicted), the next ones with
