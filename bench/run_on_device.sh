@@ -8,7 +8,7 @@
 #   bash bench/run_on_device.sh residency train --rounds 1   # residency: train, infer, generate or ddp
 #   bash bench/run_on_device.sh host_memory --scenarios listing1   # peak host memory (issue 9)
 #   PREV_BUNDLE=.device/prev bash bench/run_on_device.sh residency train
-#       # adds mode um-prev (residency, oversubscribe): the engine of an earlier
+#       # adds mode um-prev (residency, oversubscribe, step_time): the engine of an earlier
 #       # commit's bundle (carry it too)
 #
 # Results (JSON) and logs go to $OUT (default .device/bench); copy the JSON to
@@ -61,7 +61,7 @@ run() {
     done
   fi
   local extra=()
-  if [ "$bench" = residency ] || [ "$bench" = oversubscribe ]; then extra=("${PREV_ARGS[@]}"); fi
+  case "$bench" in residency | oversubscribe | step_time) extra=("${PREV_ARGS[@]}") ;; esac
   echo "== bench.$bench $*"
   owned "$OUT/$log.log" "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" \
     --um-pythonpath "$UM" --out "$OUT" "${extra[@]}" "$@"

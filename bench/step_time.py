@@ -1,12 +1,14 @@
 """Training step time: torch +um (UM on, UM off) against stock torch, data that fits.
 
     python -m bench.step_time --stock-pythonpath STOCK --um-pythonpath UM [--rounds 3]
-        [--modes stock,um-off,um,upstream-uvm]
+        [--prev-pythonpath PREV] [--modes stock,um-off,um,um-prev,upstream-uvm]
 
 Each (round, model, mode) is a worker process of its own: ``stock`` imports the
 torch found through STOCK (an unmodified torch), ``um`` and ``um-off`` the +um torch
 found through UM, with the engine on (its total-managed cap at 80 % of the free
-memory the worker reads at start) or off. The mode order rotates every round. Per
+memory the worker reads at start) or off, and ``um-prev`` (run when --prev-pythonpath is
+given) the same with the previous engine: a +um torch staged from an earlier commit's
+bundle. The mode order rotates every round. Per
 worker: WARMUP steps, then STEPS timed with CUDA events; its median is one sample.
 Printed: the best and the median sample of each mode and their ratios to stock.
 
@@ -39,8 +41,9 @@ from bench.common import (
     um_module,
 )
 
-MODES = ("stock", "um-off", "um", "upstream-uvm")
-DEFAULT_MODES = ("stock", "um-off", "um")
+MODES = ("stock", "um-off", "um", "um-prev", "upstream-uvm")
+DEFAULT_MODES = ("stock", "um-off", "um")  # and um-prev with --prev-pythonpath
+PREV = "um-prev"  # runs on --prev-pythonpath
 #: memory_stats() keys a record keeps (the full dict has hundreds)
 STATS_KEYS = (
     "allocated_bytes.all.peak",
@@ -56,10 +59,11 @@ def worker(mode: str, model: str, steps: int, warmup: int, compile_: bool = Fals
 
     from bench.workloads import WORKLOADS, train_steps
 
-    um = um_module(torch, "stock" if mode == "upstream-uvm" else mode)
+    um = um_module(torch, {"upstream-uvm": "stock", PREV: "um"}.get(mode, mode))
     free, _, cap = safe_cap(torch)
+    engine_on = mode in ("um", PREV)
     if um is not None:
-        um.configure(enabled=mode == "um", max_managed=cap)
+        um.configure(enabled=engine_on, max_managed=cap)
     scope: Any = contextlib.nullcontext()
     if mode == "upstream-uvm":
         use_uvm = getattr(torch.cuda, "_use_uvm", None)
@@ -90,9 +94,12 @@ def worker(mode: str, model: str, steps: int, warmup: int, compile_: bool = Fals
     peak = torch.cuda.max_memory_allocated()
     if mode == "upstream-uvm" and peak > free // 2:
         raise BenchError(f"upstream-uvm peaked at {peak} bytes, over half of free memory {free}")
-    managed = um.stats()["um.managed_bytes"] if um is not None else 0
-    if (mode == "um") != (managed > 0):
+    um_stats = um.stats() if um is not None else {}
+    managed = um_stats.get("um.managed_bytes", 0)
+    if engine_on != (managed > 0):
         raise BenchError(f"mode {mode}: {managed} managed bytes after training")
+    # The engine's sampled block-event cost (one event in 8; an older engine lacks it).
+    events = {k: um_stats[k] for k in ("um.event_samples", "um.event_sample_ns") if k in um_stats}
     stats = torch.cuda.memory_stats()
     emit(
         {
@@ -103,6 +110,11 @@ def worker(mode: str, model: str, steps: int, warmup: int, compile_: bool = Fals
             "first_step_ms": all_times[0],
             "losses": losses,
             "managed_bytes": managed,
+            "event_sample_ns_mean": (
+                events["um.event_sample_ns"] / events["um.event_samples"]
+                if events.get("um.event_samples")
+                else None
+            ),
             "max_allocated_bytes": peak,
             "memory_stats": {k: stats.get(k) for k in STATS_KEYS},
             "compile": compiled or None,
@@ -125,11 +137,13 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for mode, values in per_mode.items():
             if values:
                 row[mode] = {"best_ms": min(values), "median_ms": statistics.median(values)}
-        for mode in ("um-off", "um", "upstream-uvm"):
+        for mode in ("um-off", "um", PREV, "upstream-uvm"):
             if mode in row and "stock" in row:
                 row[f"{mode}/stock"] = {
                     k: row[mode][k] / row["stock"][k] for k in ("best_ms", "median_ms")
                 }
+        if "um" in row and PREV in row:
+            row[f"um/{PREV}"] = {k: row["um"][k] / row[PREV][k] for k in ("best_ms", "median_ms")}
         out[model] = row
     return out
 
@@ -141,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--models", default="resnet50,gpt")
     ap.add_argument(
-        "--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of {', '.join(MODES)}"
+        "--modes",
+        default=None,
+        help=f"comma-separated, of {', '.join(MODES)} (default {','.join(DEFAULT_MODES)},"
+        f" and {PREV} with --prev-pythonpath)",
     )
     ap.add_argument("--compile", action="store_true", help="also try torch.compile per worker")
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -150,14 +167,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
     ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
+    ap.add_argument(
+        "--prev-pythonpath", default=None, help="PYTHONPATH of the previous engine (um-prev)"
+    )
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     a = ap.parse_args(argv)
     if a.worker:
         worker(a.mode, a.model, a.steps, a.warmup, a.compile)
         return 0
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    default = [*DEFAULT_MODES, *([PREV] if a.prev_pythonpath else [])]
+    text = a.modes if a.modes is not None else ",".join(default)
+    modes = [m.strip() for m in text.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
-        raise BenchError(f"--modes {a.modes!r}: modes are {', '.join(MODES)}")
+        raise BenchError(f"--modes {text!r}: modes are {', '.join(MODES)}")
+    if PREV in modes and a.prev_pythonpath is None:
+        raise BenchError(
+            f"mode {PREV} runs the previous engine: give --prev-pythonpath, a +um torch "
+            "staged from an earlier commit's bundle"
+        )
     if a.warmup < 1:
         raise BenchError("--warmup must be at least 1 (the first step is recorded apart)")
     extra = ["--compile"] if a.compile else []
@@ -170,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "stock": a.stock_pythonpath,
         "um-off": a.um_pythonpath,
         "um": a.um_pythonpath,
+        PREV: a.prev_pythonpath,
         "upstream-uvm": a.stock_pythonpath,
     }
     samples = run_rounds(
@@ -192,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{model:10s} {mode:12s} {ms['best_ms']:8.2f} {ms['median_ms']:10.2f}"
                     f" {ratio['best_ms']:11.3f} {ratio['median_ms']:13.3f}"
                 )
+        if f"um/{PREV}" in row:
+            r = row[f"um/{PREV}"]
+            print(f"{model:10s} um/{PREV}: best {r['best_ms']:.3f}, median {r['median_ms']:.3f}")
     save(
         "step_time",
         samples,
