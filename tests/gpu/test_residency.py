@@ -506,11 +506,13 @@ def test_gradients_kept_in_host_ram_come_back_for_the_step(
     assert all(torch.equal(a, b) for a, b in zip(under, in_memory, strict=True))
 
 
-def _ddp_run(store: str, um: Any = None) -> list[Any]:
+def _ddp_run(store: str, um: Any = None, keep_grad: bool = False) -> list[Any]:
     """Seven AdamW steps of a 6-layer MLP under DistributedDataParallel with one rank
     (NCCL) and bucket views, 16 MiB buckets; ``zero_grad(set_to_none=True)`` after each
     step but the fifth, whose zeroed gradients stay (live bytes, accumulated into by the
-    sixth backward). Returns the final weights."""
+    sixth backward). ``keep_grad``: the program keeps the first layer's weight gradient
+    past each ``zero_grad()`` and reads it at the next forward's start. Returns the final
+    weights."""
     import torch.distributed as dist
 
     dist.init_process_group("nccl", store=dist.FileStore(store, 1), rank=0, world_size=1)
@@ -526,51 +528,79 @@ def _ddp_run(store: str, um: Any = None) -> list[Any]:
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
         x = torch.randn(4096, 1536, device="cuda",
                         generator=torch.Generator("cuda").manual_seed(12))
+        kept: list[Any] = []
+        reads: list[float] = []
+
+        def read_kept(*_: Any) -> None:
+            # A module's own pre-forward hooks run after the global ones, so after the
+            # engine's (which releases the buckets): a released one would crash here.
+            if kept:
+                reads.append(kept.pop().float().abs().sum().item())
+
+        ddp.register_forward_pre_hook(read_kept)
         for step in range(7):
             if step == 1 and um is not None:
                 _await_hooks(um)
             ddp(x).pow(2).mean().backward()
+            if keep_grad:
+                kept.append(model[0][0].weight.grad)
             opt.step()
             opt.zero_grad(set_to_none=step != 4)
         torch.cuda.synchronize()
+        assert len(reads) == (6 if keep_grad else 0)
         return [p.detach().cpu() for p in model.parameters()]
     finally:
         dist.destroy_process_group()
 
 
-def test_ddp_buckets_forgotten_between_steps_match_in_memory(
+def test_ddp_buckets_released_between_steps_match_in_memory(
     torch_mod: Any, um: Any, limits: Limits, tmp_path: Any
 ) -> None:
     """Note [DDP's buckets between steps] (torch/cuda/_um_ddp.py): past the budget, DDP's
-    buckets are forgotten at each forward and touched back by the gradient hooks before
-    the reducer writes them; some of their chunks leave the device by discard; the
-    weights are bit for bit those of the run in memory, also across a step whose zeroed
-    gradients were kept (nothing forgotten there)."""
+    buckets are released at each forward (their blocks go back to the allocator) and given
+    memory again by the gradient hooks before the reducer writes them; the weights are bit
+    for bit those of the run in memory, also across a step whose zeroed gradients were kept
+    (nothing released there). Note [Who else holds a bucket]: a second run keeps one
+    gradient past every ``zero_grad()`` and reads it during the next forward, on the GPU:
+    its bucket is forgotten instead (its chunks marked for discard), and nothing crashes."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_nccl_available():
         pytest.skip("torch.distributed with NCCL is missing")
     torch.use_deterministic_algorithms(True, warn_only=True)
+    changes = []
     try:
         release_cache(torch)
         um.configure(device_budget="90%")
         in_memory = _ddp_run(str(tmp_path / "in-memory"))
         _tiny_budget(um)
         um.configure(predict=True)
-        before, st_before = um.predict_stats(), um.stats()
-        under = _ddp_run(str(tmp_path / "under"), um)
+        runs = []
+        for name, keep in (("under", False), ("kept", True)):
+            before, st_before = um.predict_stats(), um.stats()
+            runs.append(_ddp_run(str(tmp_path / name), um, keep_grad=keep))
+            got, st = um.predict_stats(), um.stats()
+            change = {
+                k: got.get(k, 0) - before.get(k, 0) for k in got if k.startswith("predict.ddp_")
+            }
+            for k in ("um.forget_bytes", "um.forgotten_discard_bytes"):
+                change[k] = st[k] - st_before[k]
+            print(f"[um] DDP buckets, {name}: {change}")
+            changes.append(change)
     finally:
         torch.use_deterministic_algorithms(False)
-    got, st = um.predict_stats(), um.stats()
-    change = {k: got.get(k, 0) - before.get(k, 0) for k in got if k.startswith("predict.ddp_")}
-    for k in ("um.forget_bytes", "um.forgotten_discard_bytes"):
-        change[k] = st[k] - st_before[k]
-    print(f"[um] DDP buckets: {change}")
-    assert all(torch.equal(a, b) for a, b in zip(under, in_memory, strict=True))
-    assert change["predict.ddp_forgotten"] > 0
-    assert change["predict.ddp_touched"] == change["predict.ddp_forgotten"]
-    assert change["um.forget_bytes"] > 0
-    assert change["um.forgotten_discard_bytes"] > 0
+    for weights in runs:
+        assert all(torch.equal(a, b) for a, b in zip(weights, in_memory, strict=True))
+    released, kept = changes
+    for c in changes:
+        assert c["predict.ddp_forgotten"] > 0
+        assert c["predict.ddp_touched"] + c["predict.ddp_let_go"] == c["predict.ddp_forgotten"]
+    # every bucket released, none forgotten; the let-go ones are the reducer's rebuild's
+    assert released["predict.ddp_released"] == released["predict.ddp_forgotten"]
+    assert released["um.forget_bytes"] == 0
+    # the kept gradient's bucket forgotten at each of the five forwards that release
+    assert kept["predict.ddp_forgotten"] - kept["predict.ddp_released"] == 5
+    assert kept["um.forget_bytes"] > 0
 
 
 def test_compiled_training_with_predict_matches_in_memory(

@@ -757,7 +757,7 @@ def test_configure_changes_the_installed_hooks_at_once(um: tuple[UmPath, Path]) 
 
 
 DDP_BUCKETS_PROBE = r"""
-import json, os, tempfile, warnings, torch
+import json, tempfile, warnings, torch
 import torch.distributed as dist
 from torch.cuda import _um_ddp
 
@@ -766,85 +766,97 @@ log = []
 def forget(ptr, size):
     log.append(["forget", ptr, size])
     return size
-held = {}  # data_ptr -> (bucket storage, its bytes when the last step read it)
-def as_bytes(st):
-    return torch.tensor([], dtype=torch.uint8).set_(st, 0, (st.nbytes(),), (1,))
-def snap(params):
-    held.clear()
-    for p in params:
-        st = p.grad.untyped_storage()
-        held.setdefault(st.data_ptr(), (st, as_bytes(st).clone()))
-def written(ptr):
-    st, before = held[ptr]
-    return not torch.equal(as_bytes(st), before)
-unwritten_at_touch = []
 def touch(ranges):
     log.append(["touch", sorted([r[0], r[1]] for r in ranges)])
-    # Before the reducer writes a bucket: it still holds what the last step read.
-    unwritten_at_touch.extend(not written(r[0]) for r in ranges if r[0] in held)
 
-def model(find_unused=False):
+def nets(find_unused=False):
     torch.manual_seed(0)
     net = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
-    return torch.nn.parallel.DistributedDataParallel(
+    ref = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+    ref.load_state_dict(net.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(
         net, gradient_as_bucket_view=True, bucket_cap_mb=0.3, find_unused_parameters=find_unused)
+    return ddp, ref
 
-def storages(params):
-    return sorted({(p.grad.untyped_storage().data_ptr(), p.grad.untyped_storage().nbytes())
-                   for p in params})
+def storages(params):  # the gradients' storages, by (data_ptr, bytes): the same objects
+    out = {}
+    for p in params:
+        st = p.grad.untyped_storage()
+        out[(st.data_ptr(), st.nbytes())] = st
+    return out
+
+def same(ddp, ref):  # one rank: DDP's step is the plain model's, bit for bit
+    return all(torch.equal(a, b) for a, b in zip(ddp.module.parameters(), ref.parameters()))
 
 x = torch.randn(16, 256)
 out = {"iters": []}
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    ddp = model()
+    ddp, ref = nets()
     params = list(ddp.parameters())
     b = _um_ddp.Buckets(forget, touch)
     opt = torch.optim.SGD(params, lr=0.01)
-    for it in range(5):
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.01)
+    last = {}
+    kept = None
+    for it in range(7):
         log.clear()
         b.enter(ddp)
-        forgets = [[e[1], e[2]] for e in log if e[0] == "forget"]
+        released = sorted([k[0], k[1]] for k, st in last.items() if st.nbytes() == 0)
+        forgets = sorted([e[1], e[2]] for e in log if e[0] == "forget")
         log.clear()
+        if kept is not None:  # read during the forward, as a hook might: never a crash
+            out.setdefault("kept_read", []).append(bool(torch.isfinite(kept).all()))
         ddp(x).pow(2).mean().backward()
-        touched = [r for e in log if e[0] == "touch" for r in e[1]]
+        ref(x).pow(2).mean().backward()
         now = storages(params)
-        out["iters"].append({"forgets": sorted(forgets), "touched": touched,
-                             "storages": [list(s) for s in now],
-                             "written_after": [written(ptr) for ptr, _ in touched
-                                               if [ptr, _] in [list(n) for n in now]]})
+        out["iters"].append({
+            "released": released, "forgets": forgets,
+            "touched": [r for e in log if e[0] == "touch" for r in e[1]],
+            # after the backward: every released bucket the reducer still uses is whole
+            "back_whole": all(st.nbytes() == k[1] for k, st in last.items()
+                              if st.nbytes() and [k[0], k[1]] in released),
+            "storages": sorted([k[0], k[1]] for k in now),
+            "counters": b.counters()})
         b.stepped([p for p in params if p.grad is not None])
-        snap(params)
-        opt.step()
-        opt.zero_grad(set_to_none=(it != 2))  # it 2 keeps its zeroed gradients: live bytes
-    out["counters"] = b.counters()
-    out["unwritten_at_touch"] = unwritten_at_touch
-    held.clear()
+        last = now
+        # A program keeps a gradient (it 4) or a view of one (it 5) past zero_grad(): that
+        # bucket is not released, and the program can read it during the next forward.
+        kept = params[0].grad if it == 4 else params[-1].grad.view(-1) if it == 5 else None
+        if kept is not None:
+            out.setdefault("kept", []).append(
+                [kept.untyped_storage().data_ptr(), kept.untyped_storage().nbytes()])
+        opt.step(); opt_ref.step()
+        out["iters"][-1]["same"] = same(ddp, ref)
+        opt.zero_grad(set_to_none=(it != 2)); opt_ref.zero_grad()  # it 2 keeps zeroed grads
 
-    # The hooks come off between a forward's forgetting and its backward.
-    ddp2 = model()
+    # The hooks come off between a forward's releasing and its backward.
+    ddp2, ref2 = nets()
     p2 = list(ddp2.parameters())
     b2 = _um_ddp.Buckets(forget, touch)
-    opt2 = torch.optim.SGD(p2, lr=0.1)
-    for it in range(2):
+    opt2 = torch.optim.SGD(p2, lr=0.01)
+    opt2_ref = torch.optim.SGD(ref2.parameters(), lr=0.01)
+    for it in range(3):
         b2.enter(ddp2)
-        ddp2(x).pow(2).sum().backward()
+        ddp2(x).pow(2).mean().backward()
+        ref2(x).pow(2).mean().backward()
+        last2 = storages(p2)
         b2.stepped(p2)
-        opt2.step()
-        opt2.zero_grad()
+        opt2.step(); opt2.zero_grad(); opt2_ref.step(); opt2_ref.zero_grad()
     log.clear()
     b2.enter(ddp2)
-    forgot = sorted([e[1], e[2]] for e in log if e[0] == "forget")
-    log.clear()
+    gone = sorted([k[0], k[1]] for k, st in last2.items() if st.nbytes() == 0)
     b2.drop()
-    dropped = [r for e in log if e[0] == "touch" for r in e[1]]
+    whole = all(st.nbytes() == k[1] for k, st in last2.items())
     log.clear()
-    ddp2(x).pow(2).sum().backward()
-    out["drop"] = {"forgot": forgot, "dropped": sorted(dropped),
-                   "after": [e for e in log if e[0] == "touch"]}
+    ddp2(x).pow(2).mean().backward()
+    ref2(x).pow(2).mean().backward()
+    opt2.step(); opt2_ref.step()
+    out["drop"] = {"released": gone, "whole_after_drop": whole, "log": log[:],
+                   "same": same(ddp2, ref2), "buckets": len(last2)}
 
     # find_unused_parameters: the reducer writes views no gradient hook precedes.
-    ddp3 = model(find_unused=True)
+    ddp3, _ = nets(find_unused=True)
     p3 = list(ddp3.parameters())
     b3 = _um_ddp.Buckets(forget, touch)
     log.clear()
@@ -861,38 +873,54 @@ print(json.dumps(out))
 """
 
 
-def test_ddp_buckets_are_forgotten_when_dropped_and_touched_before_written(
+def test_ddp_buckets_are_released_between_steps_and_back_before_written(
     um: tuple[UmPath, Path],
 ) -> None:
-    """Note [DDP's buckets between steps], with a real DistributedDataParallel (gloo, one
-    rank, on the CPU) and the engine stood in for: a forward forgets exactly the buckets
-    its last step read and ``zero_grad()`` then dropped, once each; its backward touches
-    each of them once, before the reducer writes it; zeroed gradients kept
-    (``set_to_none=False``) are live and nothing is forgotten; when the hooks come off
-    between the forgetting and the backward, every forgotten bucket is touched at once
-    and the backward touches nothing; ``find_unused_parameters=True`` forgets nothing."""
+    """Note [DDP's buckets between steps] and [Who else holds a bucket], with a real
+    DistributedDataParallel (gloo, one rank, on the CPU) against the same model without
+    DDP, bit for bit at every step: a forward releases exactly the buckets its last step
+    read and ``zero_grad()`` then dropped; the backward gives each back its memory before
+    the reducer writes it; the buckets the reducer rebuilt away from are let go; zeroed
+    gradients kept (``set_to_none=False``) are live and nothing is released; a gradient or
+    a view of one that a program keeps past ``zero_grad()`` makes its bucket forgotten, not
+    released, and stays readable during the next forward; when the hooks come off between the releasing and the backward, every
+    released bucket is whole again at once; ``find_unused_parameters=True`` releases
+    nothing."""
     _, venv = um
     got = probe(venv, DDP_BUCKETS_PROBE)
     iters = got["iters"]
-    assert iters[0]["forgets"] == [] and iters[0]["touched"] == []
-    for it in (1, 2):  # the buckets the step before read, each forgotten and touched once
-        assert iters[it]["forgets"] == iters[it - 1]["storages"], it
-        assert sorted(iters[it]["touched"]) == iters[it - 1]["storages"], it
-        assert len(iters[it]["storages"]) >= 2, "one bucket: the test would not tell them apart"
-    assert iters[3]["forgets"] == [] and iters[3]["touched"] == []  # zeroed, kept: live
-    assert iters[4]["forgets"] == iters[3]["storages"]
-    # Every touch came before the reducer wrote its bucket, and the backward did write each
-    # bucket that is still in use (it 1's are the buckets the reducer rebuilt away from).
-    assert got["unwritten_at_touch"] and all(got["unwritten_at_touch"])
-    for it in (2, 4):
-        assert iters[it]["written_after"] and all(iters[it]["written_after"]), it
-    c = got["counters"]
-    n = sum(len(i["forgets"]) for i in iters)
-    assert c["predict.ddp_forgotten"] == n == c["predict.ddp_touched"]
-    assert c["predict.ddp_forgotten_bytes"] == sum(s for i in iters for _, s in i["forgets"])
+    assert all(i["same"] for i in iters)
+    assert iters[0]["released"] == [] and iters[0]["counters"]["predict.ddp_forgotten"] == 0
+    # it 1: the first step's one bucket is released, then the reducer rebuilds (two buckets)
+    # and the old one is let go, never given memory again.
+    assert iters[1]["released"] == iters[0]["storages"] and len(iters[0]["storages"]) == 1
+    assert len(iters[1]["storages"]) >= 2, "one bucket: the test would not tell them apart"
+    assert iters[1]["counters"]["predict.ddp_let_go"] == 1
+    assert iters[2]["released"] == iters[1]["storages"] and iters[2]["back_whole"]
+    assert iters[3]["released"] == [] and iters[3]["forgets"] == []  # zeroed, kept: live
+    assert iters[4]["released"] == iters[3]["storages"] and iters[4]["back_whole"]
+    for i in iters[:5]:
+        assert i["forgets"] == [] and i["touched"] == []
+    assert iters[5]["back_whole"] and iters[6]["back_whole"]
+    # its 5 and 6: the kept gradient's or view's bucket is forgotten and touched back, the
+    # other released; the program read what it kept during the forward.
+    kept = got["kept"]
+    assert len(kept) == 2 and kept[0] != kept[1] and got["kept_read"] == [True, True]
+    for it, bucket in zip((5, 6), kept, strict=True):
+        assert iters[it]["forgets"] == [bucket] and iters[it]["touched"] == [bucket], it
+        assert len(iters[it]["released"]) == len(iters[it - 1]["storages"]) - 1, it
+        assert bucket not in iters[it]["released"], it
+    c = iters[-1]["counters"]
+    n = sum(len(i["released"]) + len(i["forgets"]) for i in iters)
+    assert c["predict.ddp_forgotten"] == n
+    assert c["predict.ddp_released"] == n - 2
+    assert c["predict.ddp_touched"] + c["predict.ddp_let_go"] == n
+    assert c["predict.ddp_forgotten_bytes"] == sum(
+        s for i in iters for _, s in i["released"] + i["forgets"]
+    )
     drop = got["drop"]
-    assert drop["forgot"] and drop["dropped"] == drop["forgot"]
-    assert drop["after"] == []
+    assert len(drop["released"]) == drop["buckets"] >= 2
+    assert drop["whole_after_drop"] and drop["log"] == [] and drop["same"]
     assert got["unused"]["log"] == []
     assert got["unused"]["counters"]["predict.ddp_forgotten"] == 0
     assert got["warnings"] == []

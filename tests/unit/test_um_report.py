@@ -149,15 +149,16 @@ def test_block_events_and_their_sampled_cost() -> None:
     )
 
 
-def test_ddp_buckets_forgotten_and_what_left_without_a_copy() -> None:
-    """Note [DDP's buckets between steps]: a row only once a bucket was forgotten."""
+def test_ddp_buckets_released_or_forgotten_and_what_left_without_a_copy() -> None:
+    """Note [DDP's buckets between steps]: a row only once a bucket was given up."""
     assert "DDP buckets" not in _summary(0, _engine(), PREDICT, CONFIG, True)
     predict = {**PREDICT, "predict.ddp_forgotten": 146, "predict.ddp_touched": 146}
+    predict["predict.ddp_released"] = 140
     predict["predict.ddp_forgotten_bytes"] = 5 * GiB
     engine = _engine(**{"um.forgotten_discard_bytes": 4 * GiB})
     text = _summary(0, engine, predict, CONFIG, True)
     assert (
-        "DDP buckets 146 forgotten between a step and the next backward (5.00 GiB in all), "
-        "146 touched back before the backward wrote them; 4.00 GiB left the device without "
-        "a copy" in text
+        "DDP buckets 146 given up between a step and the next backward (5.00 GiB in all), "
+        "140 of them released to the allocator; 146 brought back before the backward wrote "
+        "them; 4.00 GiB of the others left the device without a copy" in text
     )

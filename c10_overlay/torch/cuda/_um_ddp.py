@@ -20,16 +20,24 @@ are on (Note [Use signals], um.py):
   parameters of a DDP module with bucket views, the storage each gradient views is kept,
   with the parameters whose gradients view it;
 - at the DDP module's next forward with autograd (``enter``), a kept storage none of
-  whose parameters has a gradient any more is forgotten (``torch_um_forget``, Note
-  [Forgotten content] in Residency.h): its chunks are the first to leave the device, by
-  discard, without a copy. The storage is then let go, so that the reducer's rebuild
-  can free it;
+  whose parameters has a gradient any more is released: resized to no bytes, so that
+  its block goes back to the caching allocator and the forward's own allocations land
+  on it, on the device, as they land on the freed gradients of a model without DDP. The
+  reducer's bucket and views keep the storage object; only its memory goes;
 - every parameter of the module carries a gradient hook, which autograd runs before it
   accumulates the gradient, and so before the reducer writes it into its view. The first
-  of a forgotten bucket's parameters to get a gradient touches the whole bucket, which
-  comes back by discard-and-prefetch, without a copy, one bucket at a time as the
-  backward reaches it. A touch ends the forgetting wherever the bucket is: a write
-  after it can never be discarded.
+  of a released bucket's parameters to get a gradient resizes the storage back to its
+  bytes, a fresh block from the allocator, one bucket at a time as the backward reaches
+  it. A storage only this module still holds (the reducer rebuilt its buckets, once, at
+  the second forward) is let go instead.
+
+A storage that cannot be resized (none that the reducer makes) is forgotten instead
+(``torch_um_forget``, Note [Forgotten content] in Residency.h): its chunks are the first
+to leave the device, by discard, without a copy, and the first gradient hook touches it
+back. Forgetting was the first way (prediction step 33); it leaves the bucket's block
+allocated, so the forward's blocks come from elsewhere, and a DDP rank discarded and
+placed again 9.0 GB a step against one GPU's 3.4 (bench/README.md, step 41). Releasing
+makes the room of the buckets the room of the next forward (step 42).
 
 What is given up is only what DDP overwrites itself: a gradient view kept past
 ``zero_grad(set_to_none=True)`` and read before the next backward reads undefined bytes,
@@ -44,9 +52,9 @@ Not forgotten:
 - steps the optimizer hooks do not see (torch.compile'd steps, optimizers outside
   ``torch.optim``): nothing is kept, nothing forgotten.
 
-When the hooks come off (the pressure went away, ``configure``), ``drop`` touches every
-bucket still forgotten, so that the next backward's writes are never discarded, and takes
-the gradient hooks off.
+When the hooks come off (the pressure went away, ``configure``), ``drop`` brings back
+every bucket still released or forgotten, so that the next backward's writes always land
+in memory of their own and are never discarded, and takes the gradient hooks off.
 
 Thread safety: ``enter``, ``stepped``, the gradient hooks and ``drop`` may run on any
 thread (a backward runs its hooks on autograd's threads); the state is under one lock,
@@ -55,6 +63,7 @@ released around calls into the engine that may block.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -71,12 +80,15 @@ TouchRanges = Callable[[list[Range]], None]
 class _Bucket:
     """A storage some of a DDP module's gradients viewed at a step."""
 
-    __slots__ = ("params", "range", "storage", "touched")
+    __slots__ = ("grads", "params", "range", "released", "storage", "touched")
 
     def __init__(self, storage: torch.UntypedStorage, rng: Range) -> None:
-        self.storage: torch.UntypedStorage | None = storage  # held until forgotten
+        # held until forgotten; a released one, until it is brought back or let go
+        self.storage: torch.UntypedStorage | None = storage
         self.range = rng
         self.params: list[weakref.ref[torch.Tensor]] = []
+        self.grads: list[weakref.ref[torch.Tensor]] = []  # the params' at the step
+        self.released = False
         self.touched = False
 
 
@@ -98,6 +110,65 @@ def eligible(module: torch.nn.Module) -> bool:
     )
 
 
+def holders(storage: torch.UntypedStorage) -> int:
+    """How many tensors and storage objects share ``storage``'s memory (its use count)."""
+    return int(torch._C._storage_Use_Count(storage._cdata))
+
+
+def _held(ref: weakref.ref[torch.Tensor]) -> tuple[int, int]:
+    """(Python references, C++ references) of the tensor ``ref`` names, not counting
+    this call's own; (0, 0) once it is gone."""
+    t = ref()
+    if t is None:
+        return 0, 0
+    return sys.getrefcount(t), t._use_count()
+
+
+def _unheld_baseline() -> tuple[int, int]:
+    """What ``_held`` reads for a tensor that only C++ holds: measured, not assumed,
+    since it depends on the interpreter and on torch's PyObject preservation."""
+    t = torch.empty(0)
+    ref = weakref.ref(t)
+    view = t.view(0)  # holds t's TensorImpl from C++ (its base), as the reducer does
+    del t
+    got = _held(ref)
+    del view
+    return got
+
+
+_BASELINE: tuple[int, int] | None = None
+
+
+def reducer_only(storage: torch.UntypedStorage, grads: list[weakref.ref[torch.Tensor]]) -> bool:
+    """Whether ``storage`` is held by the reducer and this module alone, so that releasing
+    it leaves no tensor anyone can read. ``grads``: the bucket's parameters' gradients
+    at the step (each the reducer's view of its parameter).
+
+    Note [Who else holds a bucket]
+    A released storage has no memory: a tensor still viewing it reads from address 0
+    plus its offset, which kills the process (a segmentation fault on the CPU, an
+    illegal address on the GPU), where forgetting it would only have left its bytes
+    undefined. So a bucket is released only when every holder is accounted for:
+
+    - the storage's use count is this module's storage object (1), the reducer's flat
+      bucket tensor (1) and its two views of each parameter's gradient, in and out (2
+      each), as torch 2.6 to 2.14's reducer has them. Any other tensor on the storage (a
+      view of a gradient a program made, a reducer that holds the bucket otherwise) adds
+      to it;
+    - a parameter's ``.grad`` is the reducer's in-view itself, not a new tensor, so a
+      gradient a program kept past ``zero_grad()`` (``g = p.grad``) adds no tensor to
+      the storage. It shows in the gradient's own references instead, Python's or C++'s,
+      which must be those of a tensor only C++ holds (``_unheld_baseline``).
+
+    Where anything differs, the bucket is forgotten instead: slower, never a crash."""
+    global _BASELINE
+    if holders(storage) != 2 + 2 * len(grads):
+        return False
+    if _BASELINE is None:
+        _BASELINE = _unheld_baseline()
+    return all(_held(ref) in ((0, 0), _BASELINE) for ref in grads)
+
+
 class Buckets:
     """Note [DDP's buckets between steps]; one per process."""
 
@@ -107,15 +178,18 @@ class Buckets:
         self._lock = threading.Lock()
         self._modules: WeakIdKeyDictionary = WeakIdKeyDictionary()  # DDP -> _Module
         self._owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # param -> _Module
-        self._pending: dict[int, _Bucket] = {}  # id(param) -> its forgotten bucket
+        # id(param) -> its bucket, released or forgotten, until brought back
+        self._pending: dict[int, _Bucket] = {}
         self.active = True
-        self.stats = dict.fromkeys(("forgotten", "forgotten_bytes", "touched"), 0)
+        self.stats = dict.fromkeys(
+            ("forgotten", "forgotten_bytes", "released", "touched", "let_go"), 0
+        )
 
     # -- the DDP module's forward -----------------------------------------------------
 
     def enter(self, module: torch.nn.Module) -> None:
-        """A DDP module's forward with autograd starts: forget the buckets its last
-        step left without a gradient."""
+        """A DDP module's forward with autograd starts: release (or forget) the buckets
+        its last step left without a gradient."""
         if not self.active:
             return
         with self._lock:
@@ -130,15 +204,22 @@ class Buckets:
                 params = [ref() for ref in bucket.params]
                 if all(p is None or p.grad is None for p in params):
                     dead.append(bucket)
-        marked = 0
+        gone = 0
         for bucket in dead:  # outside the lock: the engine's lock is taken
-            # The storage is still held here, so the range is still its own: never
-            # memory the allocator has handed to someone else since.
+            st = bucket.storage
+            assert st is not None  # kept buckets hold theirs until here
             ptr, size, _ = bucket.range
-            got = self._forget(ptr, size)
-            marked += max(0, got)
+            if st.resizable() and reducer_only(st, bucket.grads):
+                st.resize_(0)  # its block goes back to the allocator
+                bucket.released = True
+                gone += size
+            else:
+                # The storage is still held here, so the range is still its own: never
+                # memory the allocator has handed to someone else since.
+                gone += max(0, self._forget(ptr, size))
         for bucket in kept.values():
-            bucket.storage = None  # let the reducer free it if it rebuilds
+            if not bucket.released:
+                bucket.storage = None  # let the reducer free it if it rebuilds
         with self._lock:
             for bucket in dead:
                 for ref in bucket.params:
@@ -146,7 +227,8 @@ class Buckets:
                     if p is not None:
                         self._pending[id(p)] = bucket
             self.stats["forgotten"] += len(dead)
-            self.stats["forgotten_bytes"] += marked
+            self.stats["released"] += sum(b.released for b in dead)
+            self.stats["forgotten_bytes"] += gone
 
     def _adopt(self, module: torch.nn.Module) -> _Module:
         """First sight of a DDP module (under the lock): hook its parameters."""
@@ -169,10 +251,29 @@ class Buckets:
                 if bucket is None or bucket.touched:
                     return
                 bucket.touched = True
-                self.stats["touched"] += 1
-            self._touch([bucket.range])
+            self._bring_back([bucket])
 
         return before_accumulate
+
+    def _bring_back(self, buckets: list[_Bucket]) -> None:
+        """Before anything writes them: released buckets get memory again, forgotten
+        ones are touched. A released storage only this module holds is let go."""
+        forgotten, back, let_go = [], 0, 0
+        for bucket in buckets:
+            st = bucket.storage
+            if not bucket.released:
+                forgotten.append(bucket.range)
+            elif st is not None and holders(st) > 1:
+                st.resize_(bucket.range[1])  # a fresh block, on this stream
+                back += 1
+            else:
+                let_go += 1  # the reducer rebuilt its buckets: nobody reads this one
+            bucket.storage = None
+        if forgotten:
+            self._touch(forgotten)
+        with self._lock:
+            self.stats["touched"] += back + len(forgotten)
+            self.stats["let_go"] += let_go
 
     # -- the optimizer step -------------------------------------------------------------
 
@@ -196,14 +297,18 @@ class Buckets:
                     bucket = buckets[ptr] = _Bucket(st, (ptr, st.nbytes(), g.get_device()))
                     state.kept = buckets
                 bucket.params.append(weakref.ref(p))
+                bucket.grads.append(weakref.ref(g))
 
     # -- the hooks come off ---------------------------------------------------------------
 
     def drop(self) -> None:
-        """Touch every bucket still forgotten and take the gradient hooks off."""
+        """Bring back every bucket still released or forgotten and take the gradient
+        hooks off."""
         with self._lock:
             self.active = False
             left = {id(b): b for b in self._pending.values() if not b.touched}
+            for b in left.values():
+                b.touched = True
             self._pending = {}
             handles = [h for state in self._modules.values() for h in state.handles]
             for state in self._modules.values():
@@ -214,7 +319,7 @@ class Buckets:
         for h in handles:
             h.remove()
         if left:
-            self._touch([b.range for b in left.values()])
+            self._bring_back(list(left.values()))
 
     def counters(self) -> dict[str, int]:
         with self._lock:

@@ -124,10 +124,12 @@ def summary_text(
     if forgotten:  # Note [DDP's buckets between steps], torch/cuda/_um_ddp.py
         row(
             "DDP buckets",
-            f"{forgotten} forgotten between a step and the next backward "
+            f"{forgotten} given up between a step and the next backward "
             f"({size(predict.get('predict.ddp_forgotten_bytes', 0))} in all), "
-            f"{predict.get('predict.ddp_touched', 0)} touched back before the backward wrote "
-            f"them; {size(e('um.forgotten_discard_bytes', 0))} left the device without a copy",
+            f"{predict.get('predict.ddp_released', 0)} of them released to the allocator; "
+            f"{predict.get('predict.ddp_touched', 0)} brought back before the backward wrote "
+            f"them; {size(e('um.forgotten_discard_bytes', 0))} of the others left the device "
+            "without a copy",
         )
     notes = _notes(engine, predict, config)
     if notes:

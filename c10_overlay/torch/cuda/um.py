@@ -1445,10 +1445,13 @@ def predict_stats() -> dict[str, int]:
     [Lean copies], torch/cuda/_um_copy.py); and of DistributedDataParallel's buckets
     (``predict_ddp_buckets``, Note [DDP's buckets between steps],
     torch/cuda/_um_ddp.py): ``predict.ddp_forgotten`` / ``predict.ddp_forgotten_bytes``
-    (buckets forgotten at a forward's start, and the bytes the engine marked; the
-    engine's ``um.forgotten_discard_bytes`` counts those that then left the device
-    without a copy) and ``predict.ddp_touched`` (forgotten buckets touched back by a
-    gradient hook); and of cuBLAS's workspaces, which the hooks hold on the device with
+    (buckets given up at a forward's start, and their bytes), ``predict.ddp_released``
+    (those of them released: their memory went back to the allocator; the others were
+    forgotten, and the engine's ``um.forgotten_discard_bytes`` counts what of those then
+    left the device without a copy: Note [Who else holds a bucket]),
+    ``predict.ddp_touched`` (buckets brought back by a gradient hook: given memory again,
+    or touched) and ``predict.ddp_let_go`` (released buckets the reducer had replaced,
+    never brought back); and of cuBLAS's workspaces, which the hooks hold on the device with
     or without ``predict`` (Note [Library workspaces], torch/cuda/_um_workspaces.py):
     ``predict.workspaces_held`` / ``predict.workspace_held_bytes`` (the (thread, stream)
     pairs whose workspace is held now, and its bytes; the engine's ``um.hold_bytes``
