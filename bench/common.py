@@ -273,9 +273,7 @@ def machine(torch: Any) -> dict[str, Any]:
         capture_output=True,
         text=True,
     )
-    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    # A copy of the tree without .git (the GPU host's) is told its commit in TORCH_UM_COMMIT.
-    rev = git.stdout.strip() if git.returncode == 0 else os.environ.get("TORCH_UM_COMMIT", "")
+    rev, modified = repository_state()
     um = getattr(torch.cuda, "um", None)
     engine = um.engine_library() if um is not None else None
     return {
@@ -292,7 +290,30 @@ def machine(torch: Any) -> dict[str, Any]:
         "python": platform.python_version(),
         "host": f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs",
         "repository_commit": rev or "unknown",
+        # tracked files that differ from that commit (None: not known)
+        "repository_modified": modified,
     }
+
+
+def repository_state() -> tuple[str, bool | None]:
+    """The commit the measured tree is, and whether tracked files differ from it.
+
+    TORCH_UM_COMMIT, when set, names the commit: the GPU host's copy of the tree may carry
+    a .git from an earlier copy, whose HEAD is not the tree's (seen in step 42's records,
+    which name 69c8e33 for later trees). Then whether the tree differs is not known."""
+    told = os.environ.get("TORCH_UM_COMMIT", "").strip()
+    if told:
+        return told, None
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if git.returncode != 0:
+        return "", None
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    return git.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
 
 
 def write(name: str, record: dict[str, Any], out: Path | None = None) -> Path:

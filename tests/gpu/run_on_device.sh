@@ -29,6 +29,8 @@ trap 'rm -rf "$STAGE"' EXIT
   echo "## date"
   date -u +%Y-%m-%dT%H:%M:%SZ
   echo "## repository"
+  # The GPU host's copy of .git may be an earlier one: TORCH_UM_COMMIT names the tree's.
+  echo "TORCH_UM_COMMIT=${TORCH_UM_COMMIT:-(not set)}"
   git rev-parse HEAD 2>/dev/null || echo "(no git)"
   git status --short 2>/dev/null | head -50
   echo "## nvidia-smi"

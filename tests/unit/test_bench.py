@@ -1013,3 +1013,17 @@ def test_residency_record_is_kept_after_each_worker_until_the_run_ends(
         [{"mode": "stock", "error": "boom"}]
     )
     assert not failed.exists()
+
+
+def test_repository_state_prefers_the_commit_it_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU host's stale .git must not name the measured tree's commit."""
+    monkeypatch.setenv("TORCH_UM_COMMIT", "0123abc")
+    assert common.repository_state() == ("0123abc", None)
+    monkeypatch.delenv("TORCH_UM_COMMIT")
+    rev, modified = common.repository_state()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=common.REPO, capture_output=True, text=True
+    )
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert rev == head.stdout.strip() and isinstance(modified, bool)
