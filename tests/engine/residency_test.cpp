@@ -562,6 +562,58 @@ bool staleSegmentIsReplaced() {
   return true;
 }
 
+// Note [Finding a segment]: segments at bases and sizes that are not 2 MiB
+// multiples share 2 MiB of address space with their neighbours; every address
+// must still resolve to the segment it lies in, through any order of adds and
+// removals, as a search of all segments would.
+bool everyAddressFindsItsSegment() {
+  std::mt19937_64 rng(42);
+  Residency r;
+  DeviceLimits lim;
+  lim.budget = 1ull << 40;
+  lim.can_act = false; // placement is not what is checked here
+  std::vector<Action> out;
+  struct Seg {
+    uintptr_t base;
+    uint64_t size;
+    int device;
+  };
+  std::vector<Seg> segs;
+  const uintptr_t origin = 1ull << 36;
+  uintptr_t next = origin;
+  int checked = 0;
+  for (int round = 0; round < 400; ++round) {
+    if (segs.empty() || rng() % 3 != 0) {
+      // 512-byte aligned, as cudaMalloc's are; often sharing a chunk with the last.
+      next += (rng() % 3 == 0) ? (rng() % 4096) * 512 : 0;
+      const uint64_t size = (1 + rng() % (6 * 4096)) * 512;
+      const int device = static_cast<int>(rng() % 4);
+      r.addSegment(next, size, device, reinterpret_cast<void*>(0x5), true, false,
+                   Policy::Lru, lim, out);
+      segs.push_back({next, size, device});
+      next += size;
+    } else {
+      const size_t i = rng() % segs.size();
+      CHECK(r.removeSegment(segs[i].base).has_value(), "segment %zu not found to remove", i);
+      segs.erase(segs.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    for (int k = 0; k < 64; ++k) {
+      const uintptr_t addr = origin + rng() % (next - origin + (4u << 20));
+      int want = -1;
+      for (const Seg& s : segs) {
+        if (addr >= s.base && addr < s.base + s.size) {
+          want = s.device;
+        }
+      }
+      CHECK(r.deviceOf(addr) == want, "address +%llu: device %d, want %d (round %d)",
+            (unsigned long long)(addr - origin), r.deviceOf(addr), want, round);
+      ++checked;
+    }
+  }
+  CHECK(checked == 400 * 64, "%d addresses checked", checked);
+  return true;
+}
+
 bool captureDoesNothing() {
   Sim s;
   s.lim.budget = 4 * kChunkBytes;
@@ -1107,6 +1159,7 @@ int main() {
       {"a loop that fits issues nothing", fitsIssuesNothing},
       {"no action during capture", captureDoesNothing},
       {"a stale segment is replaced by one over its addresses", staleSegmentIsReplaced},
+      {"every address finds its segment", everyAddressFindsItsSegment},
       {"static policy", staticPolicy},
       {"oversized segment split by placement", oversizedSegmentIsSplit},
       {"an adopted range keeps its data", adoptedSegmentKeepsItsData},

@@ -155,6 +155,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -638,6 +639,9 @@ class Residency {
   uint64_t evictionBatch(void* stream, bool discard);
 
   std::map<uintptr_t, Segment> segments_;
+  // Note [Finding a segment]: the segment over each 2 MiB of address space that
+  // a segment covers (the last one added, where two share those 2 MiB).
+  std::unordered_map<uintptr_t, Segment*> by_granule_;
   std::vector<DeviceLru> devices_;
   Order::node_type spare_; // Note [The eviction order's cost]
   uint64_t tick_ = 0;
