@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
-    ap.add_argument("--models", default="resnet50,gpt")
+    ap.add_argument("--models", default="resnet50,gpt,gpt-tiny")
     ap.add_argument(
         "--modes",
         default=None,

@@ -40,8 +40,8 @@ def test_residency_invariants_hold_on_every_trace(residency_test: Path) -> None:
 
 
 def test_event_cost_program_builds_and_times_three_sizes(tmp_path: Path) -> None:
-    """bench/engine_event_cost.cpp (bench/README.md, step 31) follows the ledger's API:
-    it builds against it and times each block size, sanitizers on."""
+    """bench/engine_event_cost.cpp (bench/README.md, steps 31 and 42) follows the ledger's
+    API: it builds against it and times each block size, hot and cold, sanitizers on."""
     exe = build_engine_test(
         tmp_path / "engine_event_cost",
         [ROOT / "bench" / "engine_event_cost.cpp", SOURCES[1]],
@@ -51,11 +51,11 @@ def test_event_cost_program_builds_and_times_three_sizes(tmp_path: Path) -> None
     done = subprocess.run([str(exe), "1000"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == [
-        f"block of {n} bytes" for n in (512, 4 << 20, 16 << 20)
+    assert [line.rsplit(":", 1)[0] for line in lines] == [
+        f"{way}: block of {n} bytes" for way in ("hot ", "cold") for n in (512, 4 << 20, 16 << 20)
     ]
     assert all(float(line.split()[-4]) > 0 for line in lines)
-    bad = subprocess.run([str(exe), "0"], capture_output=True, text=True, timeout=30)
+    bad = subprocess.run([str(exe), "9"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "PAIRS" in bad.stderr
 
 
