@@ -855,18 +855,23 @@ with warnings.catch_warnings(record=True) as caught:
     out["drop"] = {"released": gone, "whole_after_drop": whole, "log": log[:],
                    "same": same(ddp2, ref2), "buckets": len(last2)}
 
-    # find_unused_parameters: the reducer writes views no gradient hook precedes.
-    ddp3, _ = nets(find_unused=True)
-    p3 = list(ddp3.parameters())
-    b3 = _um_ddp.Buckets(forget, touch)
-    log.clear()
-    for it in range(3):
-        b3.enter(ddp3)
-        ddp3(x).pow(2).sum().backward()
-        b3.stepped(p3)
-        for p in p3:
-            p.grad = None
-    out["unused"] = {"log": log, "counters": b3.counters()}
+    # find_unused_parameters or a static graph: the reducer writes views no gradient hook
+    # precedes (an unused parameter's, zeroed).
+    out["unused"] = []
+    for kind in ("find_unused", "static_graph"):
+        ddp3, _ = nets(find_unused=kind == "find_unused")
+        if kind == "static_graph":
+            ddp3._set_static_graph()
+        p3 = list(ddp3.parameters())
+        b3 = _um_ddp.Buckets(forget, touch)
+        log.clear()
+        for it in range(3):
+            b3.enter(ddp3)
+            ddp3(x).pow(2).sum().backward()
+            b3.stepped(p3)
+            for p in p3:
+                p.grad = None
+        out["unused"].append({"log": log[:], "counters": b3.counters()})
 out["warnings"] = [str(w.message) for w in caught if "um" in str(w.message).lower()]
 dist.destroy_process_group()
 print(json.dumps(out))
@@ -884,8 +889,8 @@ def test_ddp_buckets_are_released_between_steps_and_back_before_written(
     gradients kept (``set_to_none=False``) are live and nothing is released; a gradient or
     a view of one that a program keeps past ``zero_grad()`` makes its bucket forgotten, not
     released, and stays readable during the next forward; when the hooks come off between the releasing and the backward, every
-    released bucket is whole again at once; ``find_unused_parameters=True`` releases
-    nothing."""
+    released bucket is whole again at once; ``find_unused_parameters=True`` and a static
+    graph release nothing."""
     _, venv = um
     got = probe(venv, DDP_BUCKETS_PROBE)
     iters = got["iters"]
@@ -921,8 +926,10 @@ def test_ddp_buckets_are_released_between_steps_and_back_before_written(
     drop = got["drop"]
     assert len(drop["released"]) == drop["buckets"] >= 2
     assert drop["whole_after_drop"] and drop["log"] == [] and drop["same"]
-    assert got["unused"]["log"] == []
-    assert got["unused"]["counters"]["predict.ddp_forgotten"] == 0
+    assert len(got["unused"]) == 2
+    for unused in got["unused"]:
+        assert unused["log"] == []
+        assert unused["counters"]["predict.ddp_forgotten"] == 0
     assert got["warnings"] == []
 
 

@@ -46,8 +46,8 @@ Not forgotten:
 
 - a bucket any of whose parameters still has a gradient (``zero_grad(set_to_none=False)``,
   gradient accumulation under ``no_sync``): its bytes are live;
-- modules with ``find_unused_parameters=True``: the reducer zeroes the views of unused
-  parameters, which get no gradient and so no hook before the write;
+- modules with ``find_unused_parameters=True`` or ``static_graph=True``: the reducer zeroes
+  the views of unused parameters, which get no gradient and so no hook before the write;
 - ``gradient_as_bucket_view=False``: the buckets are never views, so never seen here;
 - steps the optimizer hooks do not see (torch.compile'd steps, optimizers outside
   ``torch.optim``): nothing is kept, nothing forgotten.
@@ -104,9 +104,12 @@ class _Module:
 
 
 def eligible(module: torch.nn.Module) -> bool:
-    """A DDP module whose buckets this forgets: bucket views, no unused parameters."""
-    return bool(getattr(module, "gradient_as_bucket_view", False)) and not bool(
-        getattr(module, "find_unused_parameters", True)
+    """A DDP module whose buckets this gives up: bucket views, no unused parameters
+    (neither searched for nor known from a static graph)."""
+    return (
+        bool(getattr(module, "gradient_as_bucket_view", False))
+        and not bool(getattr(module, "find_unused_parameters", True))
+        and not bool(getattr(module, "static_graph", True))
     )
 
 
