@@ -15,7 +15,10 @@ on, ...; ``stock``: an unmodified torch, the reference for both):
   engine's trace tracker and block events behind it;
 - per training step, synchronised at its end so that each starts on an idle queue:
   ``host_ms`` until ``opt.step()`` returns, ``cpu_ms`` the main thread's CPU time in it
-  (the backward's autograd thread not counted), ``wall_ms`` until the device is done,
+  (the backward's autograd thread not counted), ``other_cpu_ms`` the other threads' in
+  the same time (the process's less the main thread's: mostly autograd's thread, which
+  queues the backward; step 42 found the +um process's backward slower in a step bound by
+  the host), ``wall_ms`` until the device is done,
   and ``phase_ms``: the host ms of the forward (with the loss), the backward (until
   ``backward()`` returns: the autograd thread's queueing) and the optimizer step;
 - ``events_per_step`` (``um``): the engine's block events a timed step (``block_events``;
@@ -80,27 +83,29 @@ def step_times(
     warmup: int,
     events: Callable[[], int],
     marks: list[float],
-) -> tuple[list[tuple[float, float, float, list[float]]], float]:
-    """(host ms, main-thread CPU ms, wall ms, host ms of each phase) of each timed call
-    of ``step`` (an sgd_stepper step that appends its phase ends to ``marks``), each
-    after the device is idle, and the block events (``events()``, a counter) a timed
-    step: the warm-up and whatever made ``step`` left out."""
-    out: list[tuple[float, float, float, list[float]]] = []
+) -> tuple[list[tuple[float, float, float, float, list[float]]], float]:
+    """(host ms, main-thread CPU ms, the other threads' CPU ms, wall ms, host ms of each
+    phase) of each timed call of ``step`` (an sgd_stepper step that appends its phase ends
+    to ``marks``), each after the device is idle, and the block events (``events()``, a
+    counter) a timed step: the warm-up and whatever made ``step`` left out. The other
+    threads are mostly autograd's, which runs the backward."""
+    out: list[tuple[float, float, float, float, list[float]]] = []
     first = 0
     for i in range(warmup + steps):
         torch.cuda.synchronize()
         if i == warmup:
             first = events()
         marks.clear()
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         step()
-        t1, c1 = time.perf_counter(), time.thread_time()
+        t1, c1, p1 = time.perf_counter(), time.thread_time(), time.process_time()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         if i >= warmup:
             ends = [t0, *marks]
             phases = [(b - a) * 1e3 for a, b in itertools.pairwise(ends)]
-            out.append(((t1 - t0) * 1e3, (c1 - c0) * 1e3, (t2 - t0) * 1e3, phases))
+            others = max(0.0, (p1 - p0) - (c1 - c0))
+            out.append(((t1 - t0) * 1e3, (c1 - c0) * 1e3, others * 1e3, (t2 - t0) * 1e3, phases))
     return out, (events() - first) / steps
 
 
@@ -133,8 +138,9 @@ def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> 
     canary = max(before, cpu_canary())
     host = statistics.median(r[0] for r in rows)
     cpu = statistics.median(r[1] for r in rows)
-    wall = statistics.median(r[2] for r in rows)
-    phase_ms = [statistics.median(r[3][k] for r in rows) for k in range(3)]
+    others = statistics.median(r[2] for r in rows)
+    wall = statistics.median(r[3] for r in rows)
+    phase_ms = [statistics.median(r[4][k] for r in rows) for k in range(3)]
     n_sampled = sampled1[0] - sampled0[0]
     event_ns = (sampled1[1] - sampled0[1]) / n_sampled if n_sampled else None
     return {
@@ -145,6 +151,7 @@ def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> 
         "alloc_events": events1 - events0,
         "host_ms": host,
         "cpu_ms": cpu,
+        "other_cpu_ms": others,
         "wall_ms": wall,
         "phase_ms": dict(zip(("forward", "backward", "optimizer"), phase_ms, strict=True)),
         "events_per_step": per_step,
@@ -185,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     blocks = [block(torch, um, state, make, a) for state in order]
     print(
         f"{'state':6} {'canary ms':>9} {'alloc 512B us':>13} {'alloc 4MiB us':>13} "
-        f"{'launch us':>9} {'host ms':>8} {'cpu ms':>7} {'wall ms':>8} {'events/step':>11} "
+        f"{'launch us':>9} {'host ms':>8} {'cpu ms':>7} {'others':>7} {'wall ms':>8} "
+        f"{'events/step':>11} "
         f"{'event ns':>8} {'engine ms':>9} {'fwd/bwd/opt ms':>16}"
     )
     for b in blocks:
@@ -193,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{b['state']:6} {b['canary_s'] * 1e3:9.2f} {b['alloc_small_us']:13.2f} "
             f"{b['alloc_large_us']:13.2f} {b['launch_us']:9.2f} {b['host_ms']:8.2f} "
-            f"{b['cpu_ms']:7.2f} {b['wall_ms']:8.2f} {b['events_per_step']:11.0f} "
+            f"{b['cpu_ms']:7.2f} {b['other_cpu_ms']:7.2f} {b['wall_ms']:8.2f} "
+            f"{b['events_per_step']:11.0f} "
             + (f"{ns:8.0f} {engine:9.3f}" if ns is not None else f"{'-':>8} {'-':>9}")
             + " {:5.2f}/{:5.2f}/{:4.2f}".format(*b["phase_ms"].values())
         )

@@ -237,9 +237,12 @@ def test_fit_probe_counts_the_events_of_timed_steps_only() -> None:
     )
     assert per_step == 7
     assert len(rows) == 3
-    assert all(host >= 0 and cpu >= 0 and wall >= host for host, cpu, wall, _ in rows)
+    assert all(
+        host >= 0 and cpu >= 0 and others >= 0 and wall >= host
+        for host, cpu, others, wall, _ in rows
+    )
     # three phases a step, which add up to no more than the step's host time
-    assert all(len(ph) == 3 and 0 <= sum(ph) <= host + 1e-6 for host, _, _, ph in rows)
+    assert all(len(ph) == 3 and 0 <= sum(ph) <= host + 1e-6 for host, _, _, _, ph in rows)
     assert len(synced) == 2 * 5  # idle before each step and done after it
 
 
