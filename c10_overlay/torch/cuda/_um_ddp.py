@@ -163,8 +163,12 @@ def reducer_only(storage: torch.UntypedStorage, grads: list[weakref.ref[torch.Te
       the storage. It shows in the gradient's own references instead, Python's or C++'s,
       which must be those of a tensor only C++ holds (``_unheld_baseline``).
 
-    Where anything differs, the bucket is forgotten instead: slower, never a crash."""
+    Where anything differs, or a count cannot be read (a torch without
+    ``torch._C._storage_Use_Count`` or ``Tensor._use_count``), the bucket is forgotten
+    instead: slower, never a crash."""
     global _BASELINE
+    if not hasattr(torch._C, "_storage_Use_Count") or not hasattr(torch.Tensor, "_use_count"):
+        return False
     if holders(storage) != 2 + 2 * len(grads):
         return False
     if _BASELINE is None:
