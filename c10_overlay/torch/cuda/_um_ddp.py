@@ -1,4 +1,4 @@
-"""DistributedDataParallel's gradient buckets between steps: forgotten, not moved.
+"""DistributedDataParallel's gradient buckets between steps: released or forgotten, not moved.
 
 Note [DDP's buckets between steps]
 With ``gradient_as_bucket_view=True`` every ``.grad`` of a DDP module's parameters is a
@@ -31,8 +31,8 @@ are on (Note [Use signals], um.py):
   it. A storage only this module still holds (the reducer rebuilt its buckets, once, at
   the second forward) is let go instead.
 
-A storage that cannot be resized (none that the reducer makes) is forgotten instead
-(``torch_um_forget``, Note [Forgotten content] in Residency.h): its chunks are the first
+A storage that cannot be released safely (Note [Who else holds a bucket]) is forgotten
+instead (``torch_um_forget``, Note [Forgotten content] in Residency.h): its chunks are the first
 to leave the device, by discard, without a copy, and the first gradient hook touches it
 back. Forgetting was the first way (prediction step 33); it leaves the bucket's block
 allocated, so the forward's blocks come from elsewhere, and a DDP rank discarded and
@@ -42,7 +42,7 @@ makes the room of the buckets the room of the next forward (step 42).
 What is given up is only what DDP overwrites itself: a gradient view kept past
 ``zero_grad(set_to_none=True)`` and read before the next backward reads undefined bytes,
 where stock torch reads the old gradient until that backward overwrites it there too.
-Not forgotten:
+Neither released nor forgotten:
 
 - a bucket any of whose parameters still has a gradient (``zero_grad(set_to_none=False)``,
   gradient accumulation under ``no_sync``): its bytes are live;
@@ -50,7 +50,7 @@ Not forgotten:
   the views of unused parameters, which get no gradient and so no hook before the write;
 - ``gradient_as_bucket_view=False``: the buckets are never views, so never seen here;
 - steps the optimizer hooks do not see (torch.compile'd steps, optimizers outside
-  ``torch.optim``): nothing is kept, nothing forgotten.
+  ``torch.optim``): nothing is kept, nothing given up.
 
 When the hooks come off (the pressure went away, ``configure``), ``drop`` brings back
 every bucket still released or forgotten, so that the next backward's writes always land
@@ -140,6 +140,8 @@ def _unheld_baseline() -> tuple[int, int]:
 
 
 _BASELINE: tuple[int, int] | None = None
+# Both counts reducer_only reads are private API; without them nothing is released.
+_COUNTS = hasattr(torch._C, "_storage_Use_Count") and hasattr(torch.Tensor, "_use_count")
 
 
 def reducer_only(storage: torch.UntypedStorage, grads: list[weakref.ref[torch.Tensor]]) -> bool:
@@ -167,9 +169,7 @@ def reducer_only(storage: torch.UntypedStorage, grads: list[weakref.ref[torch.Te
     ``torch._C._storage_Use_Count`` or ``Tensor._use_count``), the bucket is forgotten
     instead: slower, never a crash."""
     global _BASELINE
-    if not hasattr(torch._C, "_storage_Use_Count") or not hasattr(torch.Tensor, "_use_count"):
-        return False
-    if holders(storage) != 2 + 2 * len(grads):
+    if not _COUNTS or holders(storage) != 2 + 2 * len(grads):
         return False
     if _BASELINE is None:
         _BASELINE = _unheld_baseline()
