@@ -110,6 +110,14 @@ ActionGroup nextGroup(const std::vector<Action>& actions, size_t first) {
 
 namespace {
 
+// Note [Finding a segment]: the 2 MiB granules [first, end) that a segment at
+// base of size bytes covers (none for an empty one).
+std::pair<uintptr_t, uintptr_t> granules(uintptr_t base, uint64_t size) {
+  return size == 0
+      ? std::make_pair(uintptr_t{0}, uintptr_t{0})
+      : std::make_pair(base / kChunkBytes, (base + size - 1) / kChunkBytes + 1);
+}
+
 // Bytes of [lo, hi) that fall into [clo, chi).
 uint64_t overlap(uintptr_t lo, uintptr_t hi, uintptr_t clo, uintptr_t chi) {
   uintptr_t a = std::max(lo, clo);
@@ -382,8 +390,7 @@ void Residency::addSegment(
   Segment& seg = segments_[base];
   seg.base = base;
   seg.size = size;
-  for (uintptr_t g = base / kChunkBytes; size > 0 && g <= (base + size - 1) / kChunkBytes;
-       ++g) {
+  for (auto [g, end] = granules(base, size); g < end; ++g) {
     by_granule_[g] = &seg; // Note [Finding a segment]
   }
   seg.device = device;
@@ -460,8 +467,7 @@ std::optional<Residency::SegmentInfo> Residency::removeSegment(uintptr_t base) {
     unlink(seg, i);
   }
   const SegmentInfo info{seg.size, seg.device};
-  for (uintptr_t g = base / kChunkBytes;
-       seg.size > 0 && g <= (base + seg.size - 1) / kChunkBytes; ++g) {
+  for (auto [g, end] = granules(base, seg.size); g < end; ++g) {
     const auto entry = by_granule_.find(g);
     if (entry != by_granule_.end() && entry->second == &seg) {
       by_granule_.erase(entry);
