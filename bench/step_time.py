@@ -99,7 +99,7 @@ def worker(mode: str, model: str, steps: int, warmup: int, compile_: bool = Fals
     if engine_on != (managed > 0):
         raise BenchError(f"mode {mode}: {managed} managed bytes after training")
     # The engine's sampled block-event cost (one event in 8; an older engine lacks it).
-    events = {k: um_stats[k] for k in ("um.event_samples", "um.event_sample_ns") if k in um_stats}
+    sampled = um_stats.get("um.event_samples", 0)
     stats = torch.cuda.memory_stats()
     emit(
         {
@@ -110,11 +110,7 @@ def worker(mode: str, model: str, steps: int, warmup: int, compile_: bool = Fals
             "first_step_ms": all_times[0],
             "losses": losses,
             "managed_bytes": managed,
-            "event_sample_ns_mean": (
-                events["um.event_sample_ns"] / events["um.event_samples"]
-                if events.get("um.event_samples")
-                else None
-            ),
+            "event_sample_ns_mean": um_stats["um.event_sample_ns"] / sampled if sampled else None,
             "max_allocated_bytes": peak,
             "memory_stats": {k: stats.get(k) for k in STATS_KEYS},
             "compile": compiled or None,

@@ -43,20 +43,13 @@ def test_step_time_summary_ratios() -> None:
     assert row["um/stock"]["best_ms"] == pytest.approx(1.02)
     assert row["um-off/stock"]["median_ms"] == pytest.approx(10.55 / 11.0)
     assert "um/um-prev" not in row
-
-
-def test_step_time_summary_against_the_previous_engine() -> None:
-    samples = [
-        _step("gpt", "stock", 10.0),
-        _step("gpt", "um", 10.1),
-        _step("gpt", "um-prev", 12.0),
-        _step("gpt", "um-prev", 11.0),
-    ]
+    # The previous engine's workers: its ratio to stock, and the new engine's to it.
+    samples += [_step("gpt", "um-prev", 12.0), _step("gpt", "um-prev", 11.0)]
     row = step_time.summarize(samples)["gpt"]
     assert row["um-prev"] == {"best_ms": 11.0, "median_ms": 11.5}
     assert row["um-prev/stock"]["best_ms"] == pytest.approx(1.1)
-    assert row["um/um-prev"]["best_ms"] == pytest.approx(10.1 / 11.0)
-    assert row["um/um-prev"]["median_ms"] == pytest.approx(10.1 / 11.5)
+    assert row["um/um-prev"]["best_ms"] == pytest.approx(10.2 / 11.0)
+    assert row["um/um-prev"]["median_ms"] == pytest.approx(10.3 / 11.5)
 
 
 def test_step_time_um_prev_needs_the_previous_engine() -> None:
