@@ -31,7 +31,9 @@ on, ...; ``stock``: an unmodified torch, the reference for both):
 - ``launch_us``: host microseconds to queue one small kernel (``x.add_(1)`` on 4 KiB
   allocated in this block, so managed memory when on): whether launches cost more
   in a process with managed memory;
-- the CPU canary before and after the block (bench.common.cpu_canary).
+- the CPU canary before and after the block (bench.common.cpu_canary);
+- ``libraries``: the CUDA and torch libraries the process has mapped, by their real file
+  names and sizes, to set a +um process's against stock's.
 
 Under ``um`` the total-managed cap is 80 % of the free memory read at start
 (bench.common.safe_cap, design notes section 4), and the data fits far below it. Prints a
@@ -107,6 +109,28 @@ def step_times(
             others = max(0.0, (p1 - p0) - (c1 - c0))
             out.append(((t1 - t0) * 1e3, (c1 - c0) * 1e3, others * 1e3, (t2 - t0) * 1e3, phases))
     return out, (events() - first) / steps
+
+
+def cuda_libraries() -> list[str]:
+    """The file names of the CUDA and torch libraries this process has mapped, their real
+    names (links followed) and sizes: two processes that differ in them run different library code
+    (a cuBLAS of another version queues the same GEMM with other host work)."""
+    import os
+
+    names: set[str] = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
+                base = os.path.basename(path)
+                if path.startswith("/") and ".so" in base and any(
+                    k in base for k in ("cu", "nccl", "nvrtc", "nvJit", "torch", "c10")
+                ):
+                    real = os.path.realpath(path)
+                    names.add(f"{os.path.basename(real)} {os.path.getsize(real)}")
+    except OSError:
+        return []
+    return sorted(names)
 
 
 def block(torch: Any, um: Any, state: str, make: Any, a: argparse.Namespace) -> dict[str, Any]:
@@ -216,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             "free_bytes": free,
             "config": um.get_config() if um is not None else None,
             "blocks": blocks,
+            "libraries": cuda_libraries(),
         }
     )
     return 0
