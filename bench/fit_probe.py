@@ -123,8 +123,10 @@ def cuda_libraries() -> list[str]:
             for line in f:
                 path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
                 base = os.path.basename(path)
-                if path.startswith("/") and ".so" in base and any(
-                    k in base for k in ("cu", "nccl", "nvrtc", "nvJit", "torch", "c10")
+                if (
+                    path.startswith("/")
+                    and ".so" in base
+                    and any(k in base for k in ("cu", "nccl", "nvrtc", "nvJit", "torch", "c10"))
                 ):
                     real = os.path.realpath(path)
                     names.add(f"{os.path.basename(real)} {os.path.getsize(real)}")
