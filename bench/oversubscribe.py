@@ -47,6 +47,18 @@ UM_MODES = ("um", "um-managed-host")  # the engine under test, set against each 
 # um-managed-host makes 5x the tensor of managed memory (the cap may not hold it): asked for
 DEFAULT_MODES = ("um", "stock", "stock-pinned")
 PHASES = ("copy_in", "square", "copy_out")
+# the engine's byte counters kept a phase (um modes): where each phase's bytes went
+COUNTERS = (
+    "prefetch_bytes",
+    "touch_prefetch_bytes",
+    "reuse_bytes",
+    "place_bytes",
+    "map_host_bytes",
+    "evict_bytes",
+    "discard_bytes",
+    "executor_ns",
+    "evictor_ns",
+)
 RUNS = ("first", "again")
 
 
@@ -83,15 +95,28 @@ def worker(mode: str, budget: int) -> None:
         torch.cuda.synchronize()
         return time.perf_counter()
 
+    def counters() -> dict[str, int]:
+        s = um.stats() if um is not None else {}
+        return {k: int(s.get("um." + k, 0)) for k in COUNTERS}
+
     runs: dict[str, dict[str, float]] = {}
+    phase_counters: dict[str, dict[str, dict[str, int]]] = {}
     for run in RUNS:
+        c0 = counters()
         t0 = now()
         x = x_cpu.to("cuda", non_blocking=pinned)
         t1 = now()
+        c1 = counters()
         y = x * x
         t2 = now()
+        c2 = counters()
         y_host.copy_(y, non_blocking=pinned)
         t3 = now()
+        c3 = counters()
+        phase_counters[run] = {
+            phase: {k: b[k] - a[k] for k in COUNTERS}
+            for phase, a, b in zip(PHASES, (c0, c1, c2), (c1, c2, c3), strict=True)
+        }
         t_in, t_sq, t_out = t1 - t0, t2 - t1, t3 - t2
         placed = um.stats()["um.device_placed_bytes"] if um is not None else x.nbytes + y.nbytes
         if um is not None and not (um.is_managed(x) and um.is_managed(y)):
@@ -106,6 +131,7 @@ def worker(mode: str, budget: int) -> None:
             "bytes": size,
             "budget": budget,
             "runs": runs,
+            "counters": phase_counters if um is not None else None,
             "free_at_start": free,
             "cap": cap,
             "machine": machine(torch),

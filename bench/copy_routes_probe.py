@@ -1,0 +1,131 @@
+"""What a copy between a CPU tensor and a GPU tensor costs in the +um torch, by route.
+
+    python -m bench.copy_routes_probe [--gib 2] [--reps 3]   # on the GPU host, +um torch
+
+Listing 1 (bench.oversubscribe) copies 8 GiB in and out with ``Tensor.to`` and ``copy_``;
+under ``host_alloc:managed`` its CPU tensors are managed memory placed in host RAM, and
+torch's copies of them are ``cudaMemcpyAsync`` calls, which the driver ran at 6.8-7.1 GB/s
+(bench/README.md, step 41) where page-locked memory runs at 51-55. A GPU reads and writes
+host-placed managed memory in place at about 52 GB/s (design notes, section 9). This
+probe asks, for one device budget that holds the GPU tensor, what each route carries:
+
+- ``memcpy``: ``dst.copy_(src)`` (torch's route: ``cudaMemcpyAsync``);
+- ``leanN``: the lean copy kernel (Note [Lean copies], torch/cuda/_um_copy.py) on N blocks;
+
+for the pairs: managed host memory to the GPU (``h2d-managed``) and back (``d2h-managed``),
+and as references ordinary pageable memory (``h2d-pageable``, ``d2h-pageable``: memcpy
+only, a kernel cannot read it) and page-locked memory (``h2d-pinned``, ``d2h-pinned``).
+Each route's copy is checked against its source. GB/s is the best of ``--reps``.
+
+The total-managed cap is 80 % of the free memory read at start (design notes, section 4),
+and the probe's managed memory (three tensors of ``--gib``) must fit under it. Prints a
+table and one ``BENCH_RESULT`` JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.common import BenchError, GiB, emit, machine, safe_cap, um_module
+
+LEAN_BLOCKS = (2, 8, 32, 132)
+
+
+def timed(torch: Any, fn: Callable[[], object], reps: int) -> float:
+    """Best seconds of ``reps`` calls of ``fn``, each from an idle device to an idle one."""
+    best = float("inf")
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _memcpy(dst: Any, src: Any) -> Callable[[], object]:
+    return lambda: dst.copy_(src)
+
+
+def _lean(copier: Any, dst: Any, src: Any, stream: int, blocks: int) -> Callable[[], object]:
+    return lambda: copier.copy(dst, src, stream, blocks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=2.0, help="bytes a copy, in GiB")
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args(argv)
+    if a.gib <= 0 or a.reps < 1:
+        ap.error("--gib takes a positive size, --reps a count of at least 1")
+    import torch
+    from torch.cuda import _um_copy
+
+    um = um_module(torch, "um")
+    free, _total, cap = safe_cap(torch)
+    n = int(a.gib * GiB) // 16 * 16
+    if 3 * n > cap:
+        raise BenchError(
+            f"--gib {a.gib}: three tensors of it exceed the managed cap ({cap / GiB:.1f} GiB)"
+        )
+    um.configure(enabled=True, max_managed=cap, device_budget=3 * n)
+    torch.ones(1, device="cuda")  # host_alloc:managed applies once a managed segment exists
+    um.configure(host_alloc="managed")
+    kinds: dict[str, Any] = {
+        "managed": torch.empty(n, dtype=torch.uint8).random_(),
+    }
+    if not um.is_managed(kinds["managed"]):
+        raise BenchError("host_alloc:managed left the CPU tensor in ordinary memory")
+    um.configure(host_alloc="default")
+    kinds["pageable"] = torch.empty(n, dtype=torch.uint8).random_()
+    kinds["pinned"] = torch.empty(n, dtype=torch.uint8, pin_memory=True).random_()
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dev_src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
+    copier = _um_copy.copier(torch.cuda.current_device())
+    stream = torch.cuda.current_stream().cuda_stream
+
+    rows: list[dict[str, Any]] = []
+    for kind, host in kinds.items():
+        for direction in ("h2d", "d2h"):
+            dst, src = (dev, host) if direction == "h2d" else (host, dev_src)
+            routes: dict[str, Callable[[], object]] = {"memcpy": _memcpy(dst, src)}
+            if kind != "pageable" and copier is not None:
+                for b in LEAN_BLOCKS:
+                    routes[f"lean{b}"] = _lean(copier, dst, src, stream, b)
+            for route, fn in routes.items():
+                dst.zero_() if dst.is_cuda else dst.fill_(0)
+                s = timed(torch, fn, a.reps)
+                ok = bool(torch.equal(dst.cpu() if dst.is_cuda else dst, src.cpu()))
+                rows.append(
+                    {
+                        "pair": f"{direction}-{kind}",
+                        "route": route,
+                        "s": s,
+                        "gbps": n / s / 1e9,
+                        "equal": ok,
+                    }
+                )
+                print(
+                    f"{direction}-{kind:9} {route:8} {n / s / 1e9:7.1f} GB/s  equal={ok}",
+                    flush=True,
+                )
+    emit(
+        {
+            "probe": "copy_routes_probe",
+            "bytes": n,
+            "free_at_start": free,
+            "cap": cap,
+            "copier": None if copier is None else "lean",
+            "copier_failure": _um_copy.failures.get(torch.cuda.current_device()),
+            "rows": rows,
+            "machine": machine(torch),
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
