@@ -9,7 +9,10 @@ torch's copies of them are ``cudaMemcpyAsync`` calls, which the driver ran at 6.
 host-placed managed memory in place at about 52 GB/s (design notes, section 9). This
 probe asks, for one device budget that holds the GPU tensor, what each route carries:
 
-- ``memcpy``: ``dst.copy_(src)`` (torch's route: ``cudaMemcpyAsync``);
+- ``memcpy``: ``dst.copy_(src)`` (torch's route: ``cudaMemcpyAsync``, which the +um torch
+  runs as its copy kernel where the host side is managed: Note [Copies of managed host
+  memory by kernel], HostCopy.h);
+- ``driver``: the same with ``host_copy_kernel:False``, the driver's copy (managed only);
 - ``leanN``: the lean copy kernel (Note [Lean copies], torch/cuda/_um_copy.py) on N blocks;
 
 for the pairs: managed host memory to the GPU (``h2d-managed``) and back (``d2h-managed``),
@@ -92,12 +95,16 @@ def main(argv: list[str] | None = None) -> int:
         for direction in ("h2d", "d2h"):
             dst, src = (dev, host) if direction == "h2d" else (host, dev_src)
             routes: dict[str, Callable[[], object]] = {"memcpy": _memcpy(dst, src)}
+            if kind == "managed":  # torch's copy with the engine's kernel turned off
+                routes["driver"] = _memcpy(dst, src)
             if kind != "pageable" and copier is not None:
                 for b in LEAN_BLOCKS:
                     routes[f"lean{b}"] = _lean(copier, dst, src, stream, b)
             for route, fn in routes.items():
                 dst.zero_() if dst.is_cuda else dst.fill_(0)
+                um.configure(host_copy_kernel=route != "driver")
                 s = timed(torch, fn, a.reps)
+                um.configure(host_copy_kernel=True)
                 ok = bool(torch.equal(dst.cpu() if dst.is_cuda else dst, src.cpu()))
                 rows.append(
                     {

@@ -11,6 +11,8 @@ each a worker process of its own, alternating over rounds:
                 memory placed in host RAM instead of ordinary pageable memory (the
                 program makes a one-element CUDA tensor first: the setting applies once
                 the process has made a managed segment)
+  um-prev-managed-host  um-managed-host on the previous engine (asked for with
+                um-managed-host when --prev-pythonpath is given)
   stock         stock torch, the whole tensor on the GPU (it fits there physically):
                 what the same program costs when the GPU is big enough
   stock-pinned  stock torch from page-locked host memory: the PCIe floor of the copies
@@ -42,7 +44,8 @@ from bench.common import (
 )
 
 # um-prev: with --prev-pythonpath only
-MODES = ("um", "um-prev", "um-managed-host", "stock", "stock-pinned")
+MODES = ("um", "um-prev", "um-managed-host", "um-prev-managed-host", "stock", "stock-pinned")
+PREV_MODES = {"um-prev": "um", "um-prev-managed-host": "um-managed-host"}  # the same program
 UM_MODES = ("um", "um-managed-host")  # the engine under test, set against each base
 # um-managed-host makes 5x the tensor of managed memory (the cap may not hold it): asked for
 DEFAULT_MODES = ("um", "stock", "stock-pinned")
@@ -58,6 +61,7 @@ COUNTERS = (
     "discard_bytes",
     "executor_ns",
     "evictor_ns",
+    "kernel_copy_bytes",
 )
 RUNS = ("first", "again")
 
@@ -68,7 +72,7 @@ def worker(mode: str, budget: int) -> None:
     um = um_module(torch, "stock" if mode.startswith("stock") else mode)
     free, _, cap = safe_cap(torch)
     size = 2 * budget
-    managed_host = mode == "um-managed-host"
+    managed_host = mode.endswith("managed-host")
     if um is not None:
         managed = (5 if managed_host else 2) * size
         if managed > cap:
@@ -147,9 +151,12 @@ def selected_modes(text: str, prev: bool) -> list[str]:
         known = ", ".join(MODES)
         raise BenchError(f"--modes: unknown {', '.join(unknown)}; the modes are {known}")
     if prev:
-        asked.add("um-prev")
-    elif "um-prev" in asked:
-        raise BenchError("--modes: um-prev needs --prev-pythonpath (the previous engine's torch)")
+        asked |= {p for p, mine in PREV_MODES.items() if mine in asked}
+    elif asked & set(PREV_MODES):
+        raise BenchError(
+            f"--modes: {', '.join(sorted(asked & set(PREV_MODES)))} needs --prev-pythonpath "
+            "(the previous engine's torch)"
+        )
     if "um" not in asked or not asked & {"stock", "stock-pinned"}:
         raise BenchError("--modes: um and stock or stock-pinned are required (the record's base)")
     return [m for m in MODES if m in asked]
@@ -176,7 +183,7 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
         }
     ratios = {}
     for mine in UM_MODES:
-        for base in ("um", "um-prev", "stock", "stock-pinned"):
+        for base in ("um", "um-prev", "um-prev-managed-host", "stock", "stock-pinned"):
             if mine != base and mine in table and base in table:
                 ratios[f"{mine}/{base}"] = {
                     run: {
@@ -238,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     modes = selected_modes(a.modes, a.prev_pythonpath is not None)
     if a.prev_pythonpath:
-        paths["um-prev"] = a.prev_pythonpath
+        paths.update(dict.fromkeys(PREV_MODES, a.prev_pythonpath))
     cases = [(mode, ["--budget-gib", str(a.budget_gib)]) for mode in modes]
 
     def describe(s: dict[str, Any]) -> str:

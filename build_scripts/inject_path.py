@@ -41,6 +41,7 @@ INTERPOSED = (
     "cudaStreamBeginCapture",
     "cudaStreamEndCapture",
     "cudaIpcGetMemHandle",
+    "cudaMemcpyAsync",
 )
 
 

@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/um/ErrorText.h>
+#include <c10/cuda/um/HostCopy.h>
 #include <c10/cuda/um/UnifiedMemory.h>
 #include <c10/util/Exception.h>
 #include <c10/util/env.h>
@@ -154,6 +155,8 @@ using FreeFn = cudaError_t (*)(void*);
 using BeginCaptureFn = cudaError_t (*)(cudaStream_t, cudaStreamCaptureMode);
 using EndCaptureFn = cudaError_t (*)(cudaStream_t, cudaGraph_t*);
 using IpcGetMemHandleFn = cudaError_t (*)(cudaIpcMemHandle_t*, void*);
+using MemcpyAsyncFn =
+    cudaError_t (*)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
 
 #define UM_REAL(type, fn) \
   static const auto real_##fn = reinterpret_cast<type>(realSymbol(#fn));
@@ -322,6 +325,24 @@ __attribute__((noinline)) cudaError_t cudaIpcGetMemHandle(
     c10::cuda::um::checkIpcExportable(devPtr); // throws
   }
   return real_cudaIpcGetMemHandle(handle, devPtr);
+}
+
+// Note [Copies of managed host memory by kernel] (HostCopy.h): torch's copies
+// of a CPU tensor in managed host memory run as the engine's copy kernel; every
+// other copy, from any caller, goes to the runtime unchanged.
+__attribute__((noinline)) cudaError_t cudaMemcpyAsync(
+    void* dst,
+    const void* src,
+    size_t count,
+    enum cudaMemcpyKind kind,
+    cudaStream_t stream) {
+  UM_REAL(MemcpyAsyncFn, cudaMemcpyAsync);
+  cudaError_t result = cudaSuccess;
+  if (t_engine_depth == 0 &&
+      c10::cuda::um::copyByKernel(dst, src, count, kind, stream, &result)) {
+    return result;
+  }
+  return real_cudaMemcpyAsync(dst, src, count, kind, stream);
 }
 
 } // extern "C"

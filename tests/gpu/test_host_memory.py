@@ -152,6 +152,44 @@ def test_host_alloc_managed_setting(torch_mod: Any, um: Any) -> None:
     assert not um.is_managed(torch.empty(2 * MiB // 4))
 
 
+def test_copies_of_managed_host_memory_run_as_a_kernel(torch_mod: Any, um: Any) -> None:
+    """Note [Copies of managed host memory by kernel] (HostCopy.h): torch's copies between
+    a managed CPU tensor and the GPU run as the engine's kernel and give what the driver's
+    copy gives; small, misaligned and pageable copies, and host_copy_kernel:False, go to
+    the driver."""
+
+    def kernel_copies() -> tuple[int, int]:
+        s = um.stats()
+        return s["um.kernel_copies"], s["um.kernel_copy_bytes"]
+
+    n = 8 * MiB // 4 + 3  # not a multiple of 16 bytes: the kernel's tail
+    src = _managed(n, 7, um)
+    ref = _reference(n, 7)
+    dst_host = _managed(n, 0, um).zero_()
+    c0, b0 = kernel_copies()
+    dev = src.to("cuda")  # host to device
+    dst_host.copy_(dev * 2)  # device to host
+    c1, b1 = kernel_copies()
+    assert (c1 - c0, b1 - b0) == (2, 2 * n * 4), um.stats()["um.kernel_copy_failures"]
+    assert torch.equal(dev.cpu(), ref) and torch.equal(dst_host, ref * 2)
+    # non_blocking: the call returns once the host buffer is free, as for pageable memory
+    dst_host.zero_()
+    dst_host.copy_(dev, non_blocking=True)
+    assert torch.equal(dst_host, ref)
+    # to the driver: misaligned alike (4 bytes in), small, pageable, the setting off
+    c2, _ = kernel_copies()
+    assert torch.equal(src[1:].to("cuda").cpu(), ref[1:])
+    assert torch.equal(src[:1024].to("cuda").cpu(), ref[:1024])
+    assert torch.equal(ref.to("cuda").cpu(), ref)
+    um.configure(host_copy_kernel=False)
+    try:
+        assert torch.equal(src.to("cuda").cpu(), ref)
+    finally:
+        um.configure(host_copy_kernel=True)
+    assert kernel_copies()[0] == c2
+    assert um.stats()["um.kernel_copy_failures"] == 0
+
+
 class _Batches(torch.utils.data.Dataset):  # type: ignore[misc]
     def __len__(self) -> int:
         return 12

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
     "predict, predict_lookahead, predict_copy_sms, predict_copy_kernel, predict_ddp_buckets, "
-    "read_copies, host_alloc, host_alloc_min, pin_in_place."
+    "read_copies, host_alloc, host_alloc_min, host_copy_kernel, pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
 RESIDENCY = {
@@ -43,6 +43,7 @@ RESIDENCY = {
     "read_copies": "False",
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
+    "host_copy_kernel": "True",
     "pin_in_place": "False",
 }
 DEFAULTS = {

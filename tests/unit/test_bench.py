@@ -91,11 +91,14 @@ def test_oversubscribe_modes_are_checked_before_any_worker_runs() -> None:
         "um",
         "um-prev",
         "um-managed-host",
+        "um-prev-managed-host",
         "stock",
     ]
+    assert "um-prev-managed-host" not in oversubscribe.selected_modes("um,stock", prev=True)
     for text, why in (
         ("um,stock,sideways", "unknown sideways"),
         ("um,um-prev,stock", "um-prev needs --prev-pythonpath"),
+        ("um,um-prev-managed-host,stock", "um-prev-managed-host needs --prev-pythonpath"),
         ("um-managed-host,stock", "um and stock or stock-pinned are required"),
         ("um", "um and stock or stock-pinned are required"),
     ):

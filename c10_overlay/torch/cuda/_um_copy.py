@@ -26,10 +26,12 @@ by the link's traffic: ``bench.link_cpu_probe`` (step 32) found the CPU slow as 
 the machine idle as under these reads. ``generate()``, whose one-token forwards are bound
 by the host, ran 0.71 s a step against 0.73 at full CPU speed (step 32).
 
-It is compiled at run time by NVRTC (``torch.cuda._compile_kernel``), once per device at
-the first streamed copy, and launched with ``cuLaunchKernel`` through ctypes, one launch
-per parameter, or one per LAUNCH_BYTES of it where that is set. Where it cannot be had (a
-torch without ``_compile_kernel``, no NVRTC, a failed launch), ``copier()`` returns None,
+Its source is the engine's (``c10/cuda/um/HostCopy.cpp``), which compiles it by NVRTC
+once per device at its first use (``torch_um_copy_function``) and also runs it for
+torch's copies of managed host memory (Note [Copies of managed host memory by kernel],
+HostCopy.h). Here it is launched with ``cuLaunchKernel`` through ctypes, one launch
+per parameter, or one per LAUNCH_BYTES of it where that is set. Where it cannot be had (no
+NVRTC, a compile or load error, a failed launch), ``copier()`` returns None,
 ``failures`` says why, and the streamer's copies go back to ``torch._foreach_copy_`` (on a
 green context's few SMs where those exist). A launch that fails queues nothing but
 raises; the streamer drops the copier with a warning and copies that parameter whole, and
@@ -66,35 +68,6 @@ THREADS = 1024  # a block's threads: 8 loads of 16 bytes in flight each
 BLOCKS = 2  # predict_copy_sms:auto with predict_copy_kernel:lean (Note [Lean copies])
 LAUNCH_BYTES = 0  # bytes one launch copies at most; 0: a whole parameter (Note [Lean copies])
 
-SOURCE = r"""
-extern "C" __global__ void __launch_bounds__(1024, 1)
-um_lean_copy(unsigned char* __restrict__ dst, const unsigned char* __restrict__ src,
-             unsigned long long n) {
-  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-  const unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const unsigned long long d0 = (unsigned long long)dst;
-  if (((d0 ^ (unsigned long long)src) & 15ull) != 0ull) {
-    for (unsigned long long j = t; j < n; j += stride) dst[j] = src[j];
-    return;
-  }
-  unsigned long long head = (16ull - (d0 & 15ull)) & 15ull;
-  if (head > n) head = n;
-  const unsigned long long words = (n - head) / 16ull;
-  const uint4* s = reinterpret_cast<const uint4*>(src + head);
-  uint4* d = reinterpret_cast<uint4*>(dst + head);
-  unsigned long long i = t;
-  for (; i + 7ull * stride < words; i += 8ull * stride) {
-    uint4 v[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = s[i + k * stride];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) d[i + k * stride] = v[k];
-  }
-  for (; i < words; i += stride) d[i] = s[i];
-  for (unsigned long long j = t; j < head; j += stride) dst[j] = src[j];
-  for (unsigned long long j = head + words * 16ull + t; j < n; j += stride) dst[j] = src[j];
-}
-"""
 
 _lock = threading.Lock()
 _copiers: dict[int, LeanCopier] = {}
@@ -105,16 +78,14 @@ class LeanCopier:
     """The compiled kernel of one device and its launcher."""
 
     def __init__(self, device: int) -> None:
-        compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
-        if compile_kernel is None:
-            raise RuntimeError("this torch has no torch.cuda._compile_kernel (NVRTC)")
-        with torch.cuda.device(device):
-            kernel = compile_kernel(SOURCE, "um_lean_copy")
-        self._kernel = kernel  # keeps its module loaded
-        func = getattr(kernel, "func", None)  # a CUfunction, as ctypes.c_void_p
-        self._func = ctypes.c_void_p(func.value if isinstance(func, ctypes.c_void_p) else func)
-        if not self._func.value:
-            raise RuntimeError("torch.cuda._compile_kernel gave no function handle")
+        from torch.cuda import um
+
+        err = ctypes.create_string_buffer(um._ERRLEN)
+        with torch.cuda.device(device):  # the engine makes the device current
+            func = um._engine().torch_um_copy_function(device, err, len(err))
+        if not func:
+            raise RuntimeError(err.value.decode(errors="replace") or "the engine gave no kernel")
+        self._func = ctypes.c_void_p(func)
         launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
         launch.restype = ctypes.c_int
         launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3

@@ -150,6 +150,9 @@ class _Stats(ctypes.Structure):
             "hold_bytes",
             "event_samples",
             "event_sample_ns",
+            "kernel_copies",
+            "kernel_copy_bytes",
+            "kernel_copy_failures",
         )
     ]
 
@@ -212,6 +215,7 @@ def _bind(lib: ctypes.CDLL) -> None:
         "torch_um_attach_events": (c.c_int, [c.c_char_p, c.c_size_t]),
         "torch_um_host_install": (c.c_int, [c.c_char_p, c.c_size_t]),
         "torch_um_host_scope": (c.c_int, [c.c_int]),
+        "torch_um_copy_function": (c.c_void_p, [c.c_int, c.c_char_p, c.c_size_t]),
         "torch_um_alias": (c.c_void_p, [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]),
         "torch_um_pin_alias": (c.c_void_p, [c.c_void_p, c.c_char_p, c.c_size_t]),
     }
@@ -336,6 +340,7 @@ def configure(
     read_copies: bool | None = None,
     host_alloc: str | None = None,
     host_alloc_min: Size | None = None,
+    host_copy_kernel: bool | None = None,
     pin_in_place: bool | None = None,
 ) -> None:
     """Change the engine's settings for allocations made from now on. A change of
@@ -375,6 +380,7 @@ def configure(
         ("predict", predict),
         ("predict_ddp_buckets", predict_ddp_buckets),
         ("read_copies", read_copies),
+        ("host_copy_kernel", host_copy_kernel),
         ("pin_in_place", pin_in_place),
     ):
         if flag is not None:

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/um/CudaCompat.h>
 #include <c10/cuda/um/HostAllocator.h>
+#include <c10/cuda/um/HostCopy.h>
 #include <c10/cuda/um/Policies.h>
 #include <c10/cuda/um/ErrorText.h>
 #include <c10/cuda/um/UnifiedMemory.h>
@@ -127,6 +128,15 @@ TORCH_UM_API int torch_um_host_install(char* err, size_t errlen) {
   } catch (const c10::Error& e) {
     return fail(err, errlen, e.what_without_backtrace());
   }
+}
+
+TORCH_UM_API void* torch_um_copy_function(int device, char* err, size_t errlen) {
+  std::string why;
+  void* f = c10::cuda::um::copyFunction(device, why);
+  if (f == nullptr) {
+    fail(err, errlen, why);
+  }
+  return f;
 }
 
 TORCH_UM_API int torch_um_host_scope(int delta) {

@@ -16,7 +16,7 @@ constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
     "discard, hooks, predict, predict_lookahead, predict_copy_sms, "
     "predict_copy_kernel, predict_ddp_buckets, read_copies, host_alloc, "
-    "host_alloc_min, pin_in_place";
+    "host_alloc_min, host_copy_kernel, pin_in_place";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -203,6 +203,8 @@ std::string Config::str() const {
   s += ",host_alloc:";
   s += host_alloc_managed ? "managed" : "default";
   s += ",host_alloc_min:" + std::to_string(host_alloc_min);
+  s += ",host_copy_kernel:";
+  s += host_copy_kernel ? "True" : "False";
   s += ",pin_in_place:";
   s += pin_in_place ? "True" : "False";
   return s;
@@ -267,6 +269,8 @@ Config parseConfig(
       }
     } else if (key == "discard") {
       cfg.discard = parseBool(key, value, source);
+    } else if (key == "host_copy_kernel") {
+      cfg.host_copy_kernel = parseBool(key, value, source);
     } else if (key == "pin_in_place") {
       cfg.pin_in_place = parseBool(key, value, source);
     } else if (key == "read_copies") {

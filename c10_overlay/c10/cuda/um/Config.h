@@ -86,6 +86,12 @@ struct Config {
   // managed memory of their parent.
   bool host_alloc_managed = false;
   uint64_t host_alloc_min = 1ull << 20;
+  // Copies between managed host memory and a GPU (torch's cudaMemcpyAsync of
+  // a CPU tensor under host_alloc:managed or managed_host()) run as the
+  // engine's copy kernel at the link's speed instead of the driver's staged
+  // copy (Note [Copies of managed host memory by kernel], HostCopy.h). On by
+  // default; the injection path only.
+  bool host_copy_kernel = true;
   // DataLoader pin_memory=True page-locks each batch tensor of at least
   // host_alloc_min bytes where it lies (cudaHostRegister) instead of copying
   // it into page-locked buffers (Note [Pinned in place], HostAllocator.h).

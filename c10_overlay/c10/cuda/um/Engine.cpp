@@ -1,6 +1,7 @@
 #include <c10/cuda/um/Engine.h>
 
 #include <c10/cuda/um/CudaCompat.h>
+#include <c10/cuda/um/HostCopy.h>
 #include <c10/cuda/um/HostMemory.h>
 #include <c10/cuda/um/UnifiedMemory.h>
 #include <c10/util/Exception.h>
@@ -44,6 +45,7 @@ Engine::Engine() : owner_pid_(static_cast<int>(getpid())) {
 
 void Engine::syncHostSettings() {
   host_managed_.store(cfg_.host_alloc_managed);
+  kernel_copies_.store(cfg_.enabled && cfg_.host_copy_kernel);
   host_min_.store(cfg_.host_alloc_min);
 }
 
@@ -452,6 +454,16 @@ bool Engine::isManaged(const void* ptr) const {
   return residency_.deviceOf(p) >= 0 || hostFind(p) != host_.end();
 }
 
+bool Engine::hostRangeManaged(const void* ptr, size_t size) const {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  if (static_cast<int>(getpid()) != owner_pid_) {
+    return false; // a fork()ed child: the mapping is not its
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = hostFind(p);
+  return it != host_.end() && size <= it->first + it->second.size - p;
+}
+
 std::map<uintptr_t, Engine::HostAllocation>::const_iterator Engine::hostFind(
     uintptr_t p) const {
   auto it = host_.upper_bound(p);
@@ -678,6 +690,10 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.hold_bytes = rc.hold_bytes;
   s.event_samples = event_samples_.load(std::memory_order_relaxed);
   s.event_sample_ns = event_sample_ns_.load(std::memory_order_relaxed);
+  const KernelCopyCounters kc = kernelCopyCounters();
+  s.kernel_copies = kc.copies;
+  s.kernel_copy_bytes = kc.bytes;
+  s.kernel_copy_failures = kc.failures;
   return s;
 }
 

@@ -127,6 +127,14 @@ class Engine {
   void configure(std::string_view text, std::string_view source);
   bool enabled() const;
   bool isManaged(const void* ptr) const;
+  // Note [Copies of managed host memory by kernel] (HostCopy.h): whether
+  // copies of managed host memory may run as a kernel now (UM on and
+  // host_copy_kernel; lock-free), and whether [ptr, ptr+size) lies wholly
+  // inside one allocHost allocation of this process.
+  bool kernelCopies() const {
+    return kernel_copies_.load(std::memory_order_relaxed);
+  }
+  bool hostRangeManaged(const void* ptr, size_t size) const;
   TorchUmStats stats(c10::DeviceIndex device) const;
   void resetPeak();
   std::string oomReport(c10::DeviceIndex device) const;
@@ -203,6 +211,7 @@ class Engine {
   // Mirrors of cfg_'s host_alloc settings for wantsHost, which runs on every
   // CPU allocation and must not take mu_.
   std::atomic<bool> host_managed_{false};
+  std::atomic<bool> kernel_copies_{true}; // enabled && host_copy_kernel
   std::atomic<uint64_t> host_min_{1ull << 20};
   std::atomic<bool> used_cuda_{false}; // a managed segment was made
   const int owner_pid_; // the process whose CUDA context the engine uses

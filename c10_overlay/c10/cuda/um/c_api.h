@@ -99,6 +99,12 @@ typedef struct TorchUmStats {
    * lock waits included. */
   uint64_t event_samples;
   uint64_t event_sample_ns;
+  /* Note [Copies of managed host memory by kernel] (HostCopy.h), process-wide:
+   * cudaMemcpyAsync calls the copy kernel took, their bytes, and launches that
+   * failed (those copies went to the driver). */
+  uint64_t kernel_copies;
+  uint64_t kernel_copy_bytes;
+  uint64_t kernel_copy_failures;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
@@ -221,6 +227,14 @@ TORCH_UM_API uint64_t torch_um_host_room(void);
  * torch_um_host_install registers the engine's CPU allocator, which wraps
  * the one in place; idempotent. Returns 0, or -1 with a message in err. */
 TORCH_UM_API int torch_um_host_install(char* err, size_t errlen);
+
+/* The engine's copy kernel for `device` (Note [Lean copies] in
+ * torch/cuda/_um_copy.py, Note [Copies of managed host memory by kernel] in
+ * HostCopy.h): a CUfunction taking (void* dst, const void* src, unsigned long
+ * long bytes), launched with 1024 threads a block; compiled by NVRTC at the
+ * first call for the device and kept. Makes the device current. NULL, with
+ * why in err, where it cannot be had (tried once per device). */
+TORCH_UM_API void* torch_um_copy_function(int device, char* err, size_t errlen);
 
 /* Adds delta (+1 entering torch.cuda.um.managed_host(), -1 leaving) to this
  * thread's scope depth, inside which CPU allocations of at least

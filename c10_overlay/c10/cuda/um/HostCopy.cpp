@@ -1,0 +1,297 @@
+#include <c10/cuda/um/HostCopy.h>
+
+#include <c10/cuda/um/Engine.h>
+
+#include <dlfcn.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <string>
+
+namespace c10::cuda::um {
+namespace {
+
+// The kernel (Note [Lean copies], torch/cuda/_um_copy.py): each of 1024
+// threads a block keeps eight 16-byte loads in flight, so that a few blocks
+// carry the link; 16-byte words where source and destination are aligned
+// alike modulo 16, bytes otherwise. No header: a word is a struct of two
+// 64-bit halves, aligned to 16, which the compiler moves as one access.
+constexpr const char* kKernelName = "um_lean_copy";
+constexpr const char* kKernelSource = R"(
+struct __align__(16) um_word { unsigned long long lo, hi; };
+extern "C" __global__ void __launch_bounds__(1024, 1)
+um_lean_copy(unsigned char* __restrict__ dst, const unsigned char* __restrict__ src,
+             unsigned long long n) {
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  const unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned long long d0 = (unsigned long long)dst;
+  if (((d0 ^ (unsigned long long)src) & 15ull) != 0ull) {
+    for (unsigned long long j = t; j < n; j += stride) dst[j] = src[j];
+    return;
+  }
+  unsigned long long head = (16ull - (d0 & 15ull)) & 15ull;
+  if (head > n) head = n;
+  const unsigned long long words = (n - head) / 16ull;
+  const um_word* s = reinterpret_cast<const um_word*>(src + head);
+  um_word* d = reinterpret_cast<um_word*>(dst + head);
+  unsigned long long i = t;
+  for (; i + 7ull * stride < words; i += 8ull * stride) {
+    um_word v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = s[i + k * stride];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) d[i + k * stride] = v[k];
+  }
+  for (; i < words; i += stride) d[i] = s[i];
+  for (unsigned long long j = t; j < head; j += stride) dst[j] = src[j];
+  for (unsigned long long j = head + words * 16ull + t; j < n; j += stride) dst[j] = src[j];
+}
+)";
+
+// The C signatures of the NVRTC and driver functions used, their handles as
+// pointers, so that no NVRTC or driver header is needed.
+using NvrtcCreateFn =
+    int (*)(void**, const char*, const char*, int, const char* const*, const char* const*);
+using NvrtcCompileFn = int (*)(void*, int, const char* const*);
+using NvrtcSizeFn = int (*)(void*, size_t*);
+using NvrtcGetFn = int (*)(void*, char*);
+using NvrtcDestroyFn = int (*)(void**);
+using ModuleLoadFn = int (*)(void**, const void*);
+using ModuleGetFunctionFn = int (*)(void**, void*, const char*);
+using LaunchFn = int (*)(
+    void* function,
+    unsigned grid_x,
+    unsigned grid_y,
+    unsigned grid_z,
+    unsigned block_x,
+    unsigned block_y,
+    unsigned block_z,
+    unsigned shared_bytes,
+    void* stream,
+    void** params,
+    void** extra);
+
+void* openLibrary(const std::string& name) {
+  void* lib = dlopen(name.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  return lib != nullptr ? lib : dlopen(name.c_str(), RTLD_LAZY | RTLD_LOCAL);
+}
+
+void* driver() {
+  static void* lib = openLibrary("libcuda.so.1");
+  return lib;
+}
+
+LaunchFn launcher() {
+  static const LaunchFn fn = driver() == nullptr
+      ? nullptr
+      : reinterpret_cast<LaunchFn>(dlsym(driver(), "cuLaunchKernel"));
+  return fn;
+}
+
+template <typename Fn>
+Fn symbol(void* lib, const char* name, std::string& why) {
+  void* p = lib != nullptr ? dlsym(lib, name) : nullptr;
+  if (p == nullptr && why.empty()) {
+    why = std::string("no ") + name;
+  }
+  return reinterpret_cast<Fn>(p);
+}
+
+// Compiles the kernel for `device`, which is current: its CUfunction, or
+// nullptr with `why`.
+void* compileKernel(int device, std::string& why) {
+  int major = 0;
+  int minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) !=
+          cudaSuccess) {
+    why = "cannot read the device's compute capability";
+    return nullptr;
+  }
+  // The NVRTC of the CUDA major version the engine was built for (torch's).
+  const std::string nvrtc_name = "libnvrtc.so." + std::to_string(CUDART_VERSION / 1000);
+  void* nvrtc = openLibrary(nvrtc_name);
+  if (nvrtc == nullptr) {
+    why = "cannot load " + nvrtc_name;
+    return nullptr;
+  }
+  auto create = symbol<NvrtcCreateFn>(nvrtc, "nvrtcCreateProgram", why);
+  auto compile = symbol<NvrtcCompileFn>(nvrtc, "nvrtcCompileProgram", why);
+  auto cubin_size = symbol<NvrtcSizeFn>(nvrtc, "nvrtcGetCUBINSize", why);
+  auto get_cubin = symbol<NvrtcGetFn>(nvrtc, "nvrtcGetCUBIN", why);
+  auto log_size = symbol<NvrtcSizeFn>(nvrtc, "nvrtcGetProgramLogSize", why);
+  auto get_log = symbol<NvrtcGetFn>(nvrtc, "nvrtcGetProgramLog", why);
+  auto destroy = symbol<NvrtcDestroyFn>(nvrtc, "nvrtcDestroyProgram", why);
+  auto load = symbol<ModuleLoadFn>(driver(), "cuModuleLoadData", why);
+  auto get_function = symbol<ModuleGetFunctionFn>(driver(), "cuModuleGetFunction", why);
+  if (!why.empty()) {
+    return nullptr;
+  }
+  void* program = nullptr;
+  if (create(&program, kKernelSource, "um_lean_copy.cu", 0, nullptr, nullptr) != 0) {
+    why = "nvrtcCreateProgram failed";
+    return nullptr;
+  }
+  const std::string arch =
+      "--gpu-architecture=sm_" + std::to_string(major) + std::to_string(minor);
+  const char* options[] = {arch.c_str()};
+  std::string cubin;
+  if (compile(program, 1, options) != 0) {
+    size_t n = 0;
+    std::string log;
+    if (log_size(program, &n) == 0 && n > 1) {
+      log.resize(n);
+      get_log(program, log.data());
+      log.resize(n - 1);
+    }
+    why = "NVRTC could not compile it with " + arch + ": " + log;
+  } else {
+    size_t n = 0;
+    if (cubin_size(program, &n) == 0 && n > 0) {
+      cubin.resize(n);
+      if (get_cubin(program, cubin.data()) != 0) {
+        cubin.clear();
+      }
+    }
+    if (cubin.empty()) {
+      why = "NVRTC gave no binary";
+    }
+  }
+  destroy(&program);
+  if (cubin.empty()) {
+    return nullptr;
+  }
+  // The module is never unloaded: its kernel is used until the process ends.
+  void* module = nullptr;
+  void* function = nullptr;
+  int rc = load(&module, cubin.data());
+  if (rc == 0) {
+    rc = get_function(&function, module, kKernelName);
+  }
+  if (rc != 0 || function == nullptr) {
+    why = "the driver could not load it (CUresult " + std::to_string(rc) + ")";
+    return nullptr;
+  }
+  return function;
+}
+
+constexpr int kMaxDevices = 64;
+
+struct Kernels {
+  std::mutex mu; // compiles
+  std::array<std::atomic<void*>, kMaxDevices> function{};
+  std::array<std::string, kMaxDevices> why; // under mu: why there is none
+  std::array<bool, kMaxDevices> tried{};
+};
+
+Kernels& kernels() {
+  static auto* k = new Kernels();
+  return *k;
+}
+
+struct Counters {
+  std::atomic<uint64_t> copies{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> failures{0};
+};
+Counters& counters() {
+  static auto* c = new Counters();
+  return *c;
+}
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+
+} // namespace
+
+void* copyFunction(int device, std::string& why) {
+  if (device < 0 || device >= kMaxDevices) {
+    why = "device index out of range";
+    return nullptr;
+  }
+  Kernels& k = kernels();
+  if (void* f = k.function[device].load()) {
+    return f;
+  }
+  std::lock_guard<std::mutex> lock(k.mu);
+  if (!k.tried[device]) {
+    k.tried[device] = true;
+    if (cudaSetDevice(device) != cudaSuccess) {
+      k.why[device] = "cannot make the device current";
+    } else {
+      k.function[device].store(compileKernel(device, k.why[device]));
+    }
+  }
+  void* f = k.function[device].load();
+  if (f == nullptr) {
+    why = k.why[device];
+  }
+  return f;
+}
+
+bool kernelCopyShape(const void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost) {
+    return false;
+  }
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  return count >= kKernelCopyMinBytes && ((d ^ s) & 15u) == 0;
+}
+
+bool copyByKernel(
+    void* dst,
+    const void* src,
+    size_t count,
+    cudaMemcpyKind kind,
+    cudaStream_t stream,
+    cudaError_t* result) {
+  if (!kernelCopyShape(dst, src, count, kind)) {
+    return false;
+  }
+  Engine& engine = Engine::get();
+  if (!engine.kernelCopies()) {
+    return false;
+  }
+  const void* host = kind == cudaMemcpyHostToDevice ? src : dst;
+  if (!engine.hostRangeManaged(host, count)) {
+    return false;
+  }
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    return false;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    return false; // no stream wait while capturing: the driver's copy
+  }
+  std::string why;
+  void* function = copyFunction(device, why);
+  const LaunchFn launch = launcher();
+  if (function == nullptr || launch == nullptr) {
+    return false;
+  }
+  unsigned long long bytes = count;
+  void* d = dst;
+  const void* s = src;
+  void* params[] = {&d, const_cast<void**>(&s), &bytes};
+  if (launch(function, kHostCopyBlocks, 1, 1, kCopyThreads, 1, 1, 0, stream, params, nullptr) !=
+      0) {
+    counters().failures.fetch_add(1, kRelaxed);
+    return false; // nothing was queued
+  }
+  counters().copies.fetch_add(1, kRelaxed);
+  counters().bytes.fetch_add(count, kRelaxed);
+  // The pageable contract: the host buffer is free again when the call
+  // returns (Note [Copies of managed host memory by kernel]).
+  *result = cudaStreamSynchronize(stream);
+  return true;
+}
+
+KernelCopyCounters kernelCopyCounters() {
+  Counters& c = counters();
+  return KernelCopyCounters{c.copies.load(), c.bytes.load(), c.failures.load()};
+}
+
+} // namespace c10::cuda::um

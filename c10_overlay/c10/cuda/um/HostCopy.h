@@ -1,0 +1,90 @@
+// Copies between managed host memory and a GPU, run as a kernel.
+//
+// Note [Copies of managed host memory by kernel]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under host_alloc:managed (or inside managed_host()) a CPU tensor is managed
+// memory placed in host RAM (Note [Managed host memory], HostAllocator.h).
+// torch does not know it from pageable memory: `x.to("cuda")` and
+// `y_host.copy_(y)` call cudaMemcpyAsync, and the driver copies managed
+// memory through its staging as it does pageable memory, at 6.4 GB/s to the
+// GPU and 13.2 back on the H200 host, where a kernel reads and writes the
+// same pages in place at 51-52 GB/s (bench/README.md, step 43,
+// `python -m bench.copy_routes_probe`). So the injection path interposes
+// cudaMemcpyAsync, and a copy whose host side lies inside one managed host
+// allocation of the engine runs as the lean copy kernel (Note [Lean copies],
+// torch/cuda/_um_copy.py; compiled here by NVRTC once per device at its
+// first use, and shared with the weight streamer).
+//
+// What the caller sees does not change. A cudaMemcpyAsync from or to
+// pageable memory returns once the copy no longer needs the host buffer
+// (from it: staged; to it: done), and torch treats managed host memory as
+// pageable (it is not pinned). So the kernel's copy is followed by a wait for
+// the stream, and torch's own wait after a blocking copy finds it done. A copy
+// made while the stream is captured into a CUDA graph, where no wait is
+// allowed, goes to the driver, and so does any copy the kernel does not
+// take: under 1 MiB (a launch and a wait cost more than the driver's copy),
+// source and destination not 16-byte aligned alike (the kernel would copy
+// bytes), a kind other than host-to-device or device-to-host, a host range
+// that is not wholly inside one allocation of the engine, no kernel for the
+// current device (its compile failed), UM off, or host_copy_kernel:False. A
+// failed launch queues nothing; the copy then goes to the driver too
+// (counted).
+//
+// Only the injection path has the hook: on the source path torch's copies
+// call the CUDA runtime from libtorch_cuda.so, which that path leaves alone.
+//
+// Thread safety: any thread may copy; a device's kernel is compiled once,
+// under a lock, and read without it after.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace c10::cuda::um {
+
+// The engine's copy kernel for `device` (Note [Lean copies],
+// torch/cuda/_um_copy.py): a CUfunction taking (dst, src, bytes) as (void*,
+// const void*, unsigned long long), launched with kCopyThreads threads a
+// block. Compiled by NVRTC for the device's architecture at its first use
+// and kept; nullptr, with `why`, where it cannot be had (no NVRTC or driver
+// library, a compile or load error: tried once per device). Makes the device
+// current on the calling thread. Thread-safe.
+void* copyFunction(int device, std::string& why);
+constexpr unsigned kCopyThreads = 1024;
+// The blocks of the copies taken from cudaMemcpyAsync: two carry the link
+// (bench/README.md, step 43); a few more cost nothing when no kernel runs
+// beside them, as none does beside a copy the host waits for.
+constexpr unsigned kHostCopyBlocks = 8;
+
+// The copies under this size go to the driver (Note [Copies of managed host
+// memory by kernel]).
+constexpr size_t kKernelCopyMinBytes = size_t{1} << 20;
+
+// Whether a cudaMemcpyAsync's arguments are of a kind the kernel takes, its
+// host side not yet checked: host-to-device or device-to-host, at least
+// kKernelCopyMinBytes, source and destination aligned alike modulo 16.
+// Pure (tests/engine).
+bool kernelCopyShape(const void* dst, const void* src, size_t count, cudaMemcpyKind kind);
+
+// cudaMemcpyAsync's arguments. True when the kernel took the copy, with
+// *result what the call returns (the stream wait's status); false when the
+// caller must hand the copy to the runtime.
+bool copyByKernel(
+    void* dst,
+    const void* src,
+    size_t count,
+    cudaMemcpyKind kind,
+    cudaStream_t stream,
+    cudaError_t* result);
+
+struct KernelCopyCounters {
+  uint64_t copies = 0; // taken by the kernel
+  uint64_t bytes = 0;
+  uint64_t failures = 0; // launches that failed: handed to the driver
+};
+KernelCopyCounters kernelCopyCounters();
+
+} // namespace c10::cuda::um
