@@ -57,10 +57,78 @@ def _lean(copier: Any, dst: Any, src: Any, stream: int, blocks: int) -> Callable
     return lambda: copier.copy(dst, src, stream, blocks)
 
 
+def _prepare(torch: Any, um: Any, host: Any, how: str) -> None:
+    """``advise`` or ``prefetch`` a CPU tensor's managed memory through the engine's C API
+    (torch.cuda.um's advise and prefetch take CUDA tensors)."""
+    import ctypes
+
+    lib, err = um._engine(), ctypes.create_string_buffer(512)
+    ptr, size = ctypes.c_void_p(host.data_ptr()), host.nbytes
+    if how == "advise":
+        rc = lib.torch_um_advise(
+            ptr, size, um._ADVICE["accessed_by"], torch.cuda.current_device(), err, 512
+        )
+    else:
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        rc = lib.torch_um_prefetch(
+            ptr, size, um._device_index("cpu", allow_host=True), stream, err, 512
+        )
+    if rc != 0:
+        raise BenchError(f"{how}: {err.value.decode(errors='replace')}")
+
+
+def first_copies(torch: Any, um: Any, n: int, dev: Any, dev_src: Any) -> list[dict[str, Any]]:
+    """The first copy of a fresh managed host tensor (torch's copy, the kernel's route),
+    and the copy after it, by how its pages were prepared: its first GPU access maps
+    each page (the source, populated by the CPU) or makes it (the destination, never
+    touched). ``advise``: ``cudaMemAdviseSetAccessedBy`` for the GPU first, its own
+    seconds apart; ``prefetch``: a prefetch to host RAM first, likewise."""
+    rows: list[dict[str, Any]] = []
+    for direction in ("h2d", "d2h"):
+        for prep in ("none", "advise", "prefetch", "driver"):
+            um.configure(host_alloc="managed")
+            host = torch.empty(n, dtype=torch.uint8)
+            um.configure(host_alloc="default")
+            if direction == "h2d":
+                host.random_()  # populated by the CPU, as a program's data is
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            if prep in ("advise", "prefetch"):
+                _prepare(torch, um, host, prep)
+            torch.cuda.synchronize()
+            prep_s = time.perf_counter() - t
+            dst, src = (dev, host) if direction == "h2d" else (host, dev_src)
+            um.configure(host_copy_kernel=prep != "driver")
+            first = timed(torch, _memcpy(dst, src), 1)
+            again = timed(torch, _memcpy(dst, src), 1)
+            um.configure(host_copy_kernel=True)
+            ok = bool(torch.equal(dst.cpu() if dst.is_cuda else dst, src.cpu()))
+            rows.append(
+                {
+                    "pair": direction,
+                    "prep": prep,
+                    "prep_s": prep_s,
+                    "first_s": first,
+                    "again_s": again,
+                    "equal": ok,
+                }
+            )
+            print(
+                f"first {direction} {prep:8} prep {prep_s:6.3f} s  first {n / first / 1e9:6.1f} "
+                f"GB/s  again {n / again / 1e9:6.1f} GB/s  equal={ok}",
+                flush=True,
+            )
+            del host
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=2.0, help="bytes a copy, in GiB")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--first", action="store_true", help="also the first copy of fresh managed host memory"
+    )
     a = ap.parse_args(argv)
     if a.gib <= 0 or a.reps < 1:
         ap.error("--gib takes a positive size, --reps a count of at least 1")
@@ -119,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{direction}-{kind:9} {route:8} {n / s / 1e9:7.1f} GB/s  equal={ok}",
                     flush=True,
                 )
+    first = first_copies(torch, um, n, dev, dev_src) if a.first else []
     emit(
         {
             "probe": "copy_routes_probe",
+            "first": first,
             "bytes": n,
             "free_at_start": free,
             "cap": cap,

@@ -464,6 +464,36 @@ bool Engine::hostRangeManaged(const void* ptr, size_t size) const {
   return it != host_.end() && size <= it->first + it->second.size - p;
 }
 
+void Engine::mapHostFor(const void* ptr, int device) {
+  if (device < 0 || device >= 64) {
+    return;
+  }
+  const uint64_t bit = uint64_t{1} << device;
+  uintptr_t base = 0;
+  uint64_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = hostFind(reinterpret_cast<uintptr_t>(ptr));
+    if (it == host_.end() || (it->second.mapped_for & bit) != 0) {
+      return;
+    }
+    base = it->first;
+    size = it->second.size;
+  }
+  // Outside the lock: advice over gigabytes takes milliseconds. Two threads
+  // may both advise; the advice is the same.
+  const cudaError_t e = compat::advise(
+      reinterpret_cast<void*>(base), size, cudaMemAdviseSetAccessedBy, device);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = host_.find(base);
+  if (it != host_.end() && it->second.size == size) {
+    it->second.mapped_for |= bit; // a failure is not tried again either
+  }
+}
+
 std::map<uintptr_t, Engine::HostAllocation>::const_iterator Engine::hostFind(
     uintptr_t p) const {
   auto it = host_.upper_bound(p);

@@ -135,6 +135,12 @@ class Engine {
     return kernel_copies_.load(std::memory_order_relaxed);
   }
   bool hostRangeManaged(const void* ptr, size_t size) const;
+  // Maps the whole allocHost allocation holding `ptr` into `device`'s page
+  // tables (AccessedBy), once per allocation and device, so that a kernel's
+  // first access of its pages, populated by the CPU, does not fault each one
+  // into the GPU's page tables (Note [Copies of managed host memory by
+  // kernel]). A failure is left to the faults.
+  void mapHostFor(const void* ptr, int device);
   TorchUmStats stats(c10::DeviceIndex device) const;
   void resetPeak();
   std::string oomReport(c10::DeviceIndex device) const;
@@ -202,6 +208,7 @@ class Engine {
   struct HostAllocation {
     uint64_t size = 0;
     int device = -1; // the device that adopted it, or -1
+    uint64_t mapped_for = 0; // devices (bit i: device i) mapHostFor advised
   };
   // allocHost allocations by base address; guarded by mu_.
   std::map<uintptr_t, HostAllocation> host_;

@@ -272,6 +272,7 @@ bool copyByKernel(
   if (function == nullptr || launch == nullptr) {
     return false;
   }
+  engine.mapHostFor(host, device);
   unsigned long long bytes = count;
   void* d = dst;
   const void* s = src;
