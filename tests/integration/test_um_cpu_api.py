@@ -141,6 +141,10 @@ import ctypes
 raw = (ctypes.c_uint8 * 16)(*([4, 0, 0, 0, 0, 0, 0, 0] + [0xAB] * 8))
 got = um._lib.torch_um_get_stats(0, ctypes.cast(raw, ctypes.POINTER(um._Stats)))
 out["tiny_struct"] = [got, list(raw)]
+# The engine's copy kernel (HostCopy.h) cannot be had without a GPU: no handle, a reason.
+err = ctypes.create_string_buffer(256)
+fn = um._lib.torch_um_copy_function(0, err, 256)
+out["copy_function"] = [fn, err.value.decode()]
 out.update(stats=st, stats_cpu_device=um.stats(0) == st, is_managed=um.is_managed(cpu),
            prefetch=um.prefetch(cpu), advise=um.advise([cpu], "read_mostly"),
            placement=list(um.placement(cpu)),
@@ -188,6 +192,7 @@ BAD = {
     "bogus:1": ["unknown key 'bogus'", KEYS, "PYTORCH_CUDA_ALLOC_CONF"],
     "expandable_segments:True": ["unknown key 'expandable_segments'", KEYS],
     "enabled:maybe": ["'enabled' takes True or False, got 'maybe'"],
+    "host_copy_kernel:1.5": ["'host_copy_kernel' takes True or False, got '1.5'"],
     "prefetch:yes": ["'prefetch' takes True or False, got 'yes'"],
     "max_managed:12XB": [
         "'max_managed' takes a size such as 512MiB, 8GiB or 1073741824, got '12XB'"
@@ -303,12 +308,13 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
 def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     stats = api["stats"]
     assert stats["um.enabled"] == 1 and stats["um.policy_lru"] == 1
-    assert len(stats) == 50 and all(isinstance(v, int) for v in stats.values())
+    assert len(stats) == 53 and all(isinstance(v, int) for v in stats.values())
     flags = ("um.enabled", "um.policy_lru")
     assert {k: v for k, v in stats.items() if k not in flags} == dict.fromkeys(
         (k for k in stats if k not in flags), 0
     )
     assert api["stats_cpu_device"] is True
+    assert api["copy_function"] == [None, "cannot make the device current"]
     assert api["tiny_struct"] == [-1, [4, 0, 0, 0, 0, 0, 0, 0] + [0xAB] * 8]
     assert api["is_managed"] is False
     assert api["prefetch"] == 0 and api["advise"] == 0  # CPU tensors are skipped
