@@ -135,6 +135,11 @@ class Engine {
     return kernel_copies_.load(std::memory_order_relaxed);
   }
   bool hostRangeManaged(const void* ptr, size_t size) const;
+  // Whether some stream of the process is being captured (captureBegin and
+  // captureEnd): CUDA then forbids advice and waits on other streams too.
+  bool capturesUnderway() const {
+    return captures_.load() > 0;
+  }
   // Maps the whole allocHost allocation holding `ptr` into `device`'s page
   // tables (AccessedBy), once per allocation and device, so that a kernel's
   // first access of its pages, populated by the CPU, does not fault each one

@@ -261,10 +261,12 @@ bool copyByKernel(
   if (cudaGetDevice(&device) != cudaSuccess) {
     return false;
   }
+  // No advice and no stream wait while any stream captures (a capture in
+  // global mode forbids them on every thread), nor on a capturing stream.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+  if (engine.capturesUnderway() || cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
       capture != cudaStreamCaptureStatusNone) {
-    return false; // no stream wait while capturing: the driver's copy
+    return false;
   }
   std::string why;
   void* function = copyFunction(device, why);

@@ -26,8 +26,9 @@
 // (from it: staged; to it: done), and torch treats managed host memory as
 // pageable (it is not pinned). So the kernel's copy is followed by a wait for
 // the stream, and torch's own wait after a blocking copy finds it done. A copy
-// made while the stream is captured into a CUDA graph, where no wait is
-// allowed, goes to the driver, and so does any copy the kernel does not
+// made while any stream of the process is captured into a CUDA graph (a
+// capture in global mode forbids the advice and the wait on every thread)
+// goes to the driver, and so does any copy the kernel does not
 // take: under 1 MiB (a launch and a wait cost more than the driver's copy),
 // source and destination not 16-byte aligned alike (the kernel would copy
 // bytes), a kind other than host-to-device or device-to-host, a host range
