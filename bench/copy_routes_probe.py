@@ -14,6 +14,9 @@ probe asks, for one device budget that holds the GPU tensor, what each route car
   memory by kernel], HostCopy.h);
 - ``driver``: the same with ``host_copy_kernel:False``, the driver's copy (managed only);
 - ``leanN``: the lean copy kernel (Note [Lean copies], torch/cuda/_um_copy.py) on N blocks;
+- ``--first``: the first copy of fresh managed host memory, by how its pages were prepared;
+- ``--duplex``: the kernel from managed host memory into managed host memory (both
+  directions of the link at once);
 
 for the pairs: managed host memory to the GPU (``h2d-managed``) and back (``d2h-managed``),
 and as references ordinary pageable memory (``h2d-pageable``, ``d2h-pageable``: memcpy
@@ -21,8 +24,8 @@ only, a kernel cannot read it) and page-locked memory (``h2d-pinned``, ``d2h-pin
 Each route's copy is checked against its source. GB/s is the best of ``--reps``.
 
 The total-managed cap is 80 % of the free memory read at start (design notes, section 4),
-and the probe's managed memory (three tensors of ``--gib``) must fit under it. Prints a
-table and one ``BENCH_RESULT`` JSON line.
+and the probe's managed memory (three tensors of ``--gib``, four with ``--duplex``) must
+fit under it. Prints a table and one ``BENCH_RESULT`` JSON line.
 """
 
 from __future__ import annotations
@@ -122,12 +125,42 @@ def first_copies(torch: Any, um: Any, n: int, dev: Any, dev_src: Any) -> list[di
     return rows
 
 
+def duplex_copies(
+    torch: Any, um: Any, copier: Any, src: Any, stream: int, reps: int
+) -> list[dict[str, Any]]:
+    """The lean kernel copying managed host memory into managed host memory, both mapped
+    for the GPU: every byte crosses the link twice, once each way. Step 43's Listing 1
+    copy in moved 8 GiB from host RAM and wrote 4 GiB of it back to host RAM in 0.19 s,
+    more than a half-duplex link at 55 GB/s carries: payload GB/s above about 27 here
+    says the link carries a kernel's reads and writes at once."""
+    if copier is None:
+        return []
+    um.configure(host_alloc="managed")
+    dst = torch.empty(src.numel(), dtype=torch.uint8)
+    um.configure(host_alloc="default")
+    dst.fill_(0)  # its pages made by the CPU, as src's were
+    for t in (src, dst):
+        _prepare(torch, um, t, "advise")
+    rows = []
+    for b in LEAN_BLOCKS:
+        s = timed(torch, _lean(copier, dst, src, stream, b), reps)
+        ok = bool(torch.equal(dst, src))
+        rows.append({"route": f"lean{b}", "s": s, "gbps": src.nbytes / s / 1e9, "equal": ok})
+        print(f"h2h-managed lean{b:<4} {src.nbytes / s / 1e9:7.1f} GB/s  equal={ok}", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=2.0, help="bytes a copy, in GiB")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument(
         "--first", action="store_true", help="also the first copy of fresh managed host memory"
+    )
+    ap.add_argument(
+        "--duplex",
+        action="store_true",
+        help="also the kernel copying managed host memory into managed host memory",
     )
     a = ap.parse_args(argv)
     if a.gib <= 0 or a.reps < 1:
@@ -138,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     um = um_module(torch, "um")
     free, _total, cap = safe_cap(torch)
     n = int(a.gib * GiB) // 16 * 16
-    if 3 * n > cap:
+    tensors = 4 if a.duplex else 3
+    if tensors * n > cap:
         raise BenchError(
-            f"--gib {a.gib}: three tensors of it exceed the managed cap ({cap / GiB:.1f} GiB)"
+            f"--gib {a.gib}: {tensors} tensors of it exceed the managed cap ({cap / GiB:.1f} GiB)"
         )
     um.configure(enabled=True, max_managed=cap, device_budget=3 * n)
     torch.ones(1, device="cuda")  # host_alloc:managed applies once a managed segment exists
@@ -188,10 +222,12 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     first = first_copies(torch, um, n, dev, dev_src) if a.first else []
+    duplex = duplex_copies(torch, um, copier, kinds["managed"], stream, a.reps) if a.duplex else []
     emit(
         {
             "probe": "copy_routes_probe",
             "first": first,
+            "duplex": duplex,
             "bytes": n,
             "free_at_start": free,
             "cap": cap,
