@@ -454,18 +454,23 @@ bool Engine::isManaged(const void* ptr) const {
   return residency_.deviceOf(p) >= 0 || hostFind(p) != host_.end();
 }
 
-bool Engine::hostRangeManaged(const void* ptr, size_t size) const {
+Engine::HostRange Engine::hostRange(const void* ptr, size_t size, int device) const {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   if (static_cast<int>(getpid()) != owner_pid_) {
-    return false; // a fork()ed child: the mapping is not its
+    return {}; // a fork()ed child: the mapping is not its
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = hostFind(p);
-  return it != host_.end() && size <= it->first + it->second.size - p;
+  if (it == host_.end() || size > it->first + it->second.size - p) {
+    return {};
+  }
+  const bool mapped = device >= 0 && device < kMappedDevices &&
+      (it->second.mapped_for >> device & 1u) != 0;
+  return {true, mapped};
 }
 
 void Engine::mapHostFor(const void* ptr, int device) {
-  if (device < 0 || device >= 64) {
+  if (device < 0 || device >= kMappedDevices) {
     return;
   }
   const uint64_t bit = uint64_t{1} << device;

@@ -129,12 +129,17 @@ class Engine {
   bool isManaged(const void* ptr) const;
   // Note [Copies of managed host memory by kernel] (HostCopy.h): whether
   // copies of managed host memory may run as a kernel now (UM on and
-  // host_copy_kernel; lock-free), and whether [ptr, ptr+size) lies wholly
-  // inside one allocHost allocation of this process.
+  // host_copy_kernel; lock-free), and, in one lookup, whether [ptr,
+  // ptr+size) lies wholly inside one allocHost allocation of this process
+  // and whether mapHostFor has mapped that allocation for `device`.
   bool kernelCopies() const {
     return kernel_copies_.load(std::memory_order_relaxed);
   }
-  bool hostRangeManaged(const void* ptr, size_t size) const;
+  struct HostRange {
+    bool managed = false;
+    bool mapped = false;
+  };
+  HostRange hostRange(const void* ptr, size_t size, int device) const;
   // Whether some stream of the process is being captured (captureBegin and
   // captureEnd): CUDA then forbids advice and waits on other streams too.
   bool capturesUnderway() const {
@@ -215,6 +220,7 @@ class Engine {
     int device = -1; // the device that adopted it, or -1
     uint64_t mapped_for = 0; // devices (bit i: device i) mapHostFor advised
   };
+  static constexpr int kMappedDevices = 64; // the bits of mapped_for
   // allocHost allocations by base address; guarded by mu_.
   std::map<uintptr_t, HostAllocation> host_;
   uint64_t host_bytes_ = 0;

@@ -203,6 +203,22 @@ Counters& counters() {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
 
+// The copies under this size go to the driver: a launch and a wait cost more
+// than the driver's copy.
+constexpr size_t kKernelCopyMinBytes = size_t{1} << 20;
+
+// Whether a cudaMemcpyAsync's arguments are of a kind the kernel takes, its
+// host side not yet checked: host-to-device or device-to-host, at least
+// kKernelCopyMinBytes, source and destination aligned alike modulo 16.
+bool kernelCopyShape(const void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost) {
+    return false;
+  }
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  return count >= kKernelCopyMinBytes && ((d ^ s) & 15u) == 0;
+}
+
 } // namespace
 
 void* copyFunction(int device, std::string& why) {
@@ -230,15 +246,6 @@ void* copyFunction(int device, std::string& why) {
   return f;
 }
 
-bool kernelCopyShape(const void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
-  if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost) {
-    return false;
-  }
-  const auto d = reinterpret_cast<uintptr_t>(dst);
-  const auto s = reinterpret_cast<uintptr_t>(src);
-  return count >= kKernelCopyMinBytes && ((d ^ s) & 15u) == 0;
-}
-
 bool copyByKernel(
     void* dst,
     const void* src,
@@ -253,12 +260,13 @@ bool copyByKernel(
   if (!engine.kernelCopies()) {
     return false;
   }
-  const void* host = kind == cudaMemcpyHostToDevice ? src : dst;
-  if (!engine.hostRangeManaged(host, count)) {
-    return false;
-  }
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess) {
+    return false;
+  }
+  const void* host = kind == cudaMemcpyHostToDevice ? src : dst;
+  const Engine::HostRange range = engine.hostRange(host, count, device);
+  if (!range.managed) {
     return false;
   }
   // No advice and no stream wait while any stream captures (a capture in
@@ -274,7 +282,9 @@ bool copyByKernel(
   if (function == nullptr || launch == nullptr) {
     return false;
   }
-  engine.mapHostFor(host, device);
+  if (!range.mapped) {
+    engine.mapHostFor(host, device);
+  }
   unsigned long long bytes = count;
   void* d = dst;
   const void* s = src;

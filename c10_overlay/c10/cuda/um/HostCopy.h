@@ -66,16 +66,6 @@ constexpr unsigned kCopyThreads = 1024;
 // beside them, as none does beside a copy the host waits for.
 constexpr unsigned kHostCopyBlocks = 8;
 
-// The copies under this size go to the driver (Note [Copies of managed host
-// memory by kernel]).
-constexpr size_t kKernelCopyMinBytes = size_t{1} << 20;
-
-// Whether a cudaMemcpyAsync's arguments are of a kind the kernel takes, its
-// host side not yet checked: host-to-device or device-to-host, at least
-// kKernelCopyMinBytes, source and destination aligned alike modulo 16.
-// Pure (tests/engine).
-bool kernelCopyShape(const void* dst, const void* src, size_t count, cudaMemcpyKind kind);
-
 // cudaMemcpyAsync's arguments. True when the kernel took the copy, with
 // *result what the call returns (the stream wait's status); false when the
 // caller must hand the copy to the runtime.
