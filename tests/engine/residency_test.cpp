@@ -966,23 +966,45 @@ bool repeatedScanKeepsAPrefix() {
   return s.invariants("scan");
 }
 
+// Note [Ranges larger than the budget]: a new segment, a block handed out and
+// a touched range larger than the budget take free room and dead chunks, never
+// live ones; the rest is mapped in place.
 bool blockLargerThanBudget() {
   Sim s;
   s.lim.budget = 4 * kChunkBytes;
   const uintptr_t a = 1ull << 32, b = 1ull << 33;
-  if (!s.addSegment(a, 4 * kChunkBytes)) return false;
-  if (!s.alloc(a, 4 * kChunkBytes)) return false;
+  if (!s.addSegment(a, 3 * kChunkBytes)) return false;
+  if (!s.alloc(a, 3 * kChunkBytes)) return false;
+  // The segment takes the one free chunk and leaves live `a` alone.
   if (!s.addSegment(b, 10 * kChunkBytes)) return false;
-  // A 10-chunk block reused, then a live 10-chunk range touched: each time
-  // only the budget's worth comes to the device, the rest stays mapped.
+  CHECK(s.r.bytesOn(0, Where::Device) == 4 * kChunkBytes, "free room not taken");
+  CHECK(s.r.whereIs(b) == Where::Device, "the segment's first chunk not on the device");
+  CHECK(s.r.whereIs(b + kChunkBytes) == Where::Host, "the segment evicted live data");
+  // Handed out, freed, handed out again and touched: `a` stays each time.
   if (!s.alloc(b, 10 * kChunkBytes)) return false;
   if (!s.free(b)) return false;
   if (!s.touch(a)) return false;
   if (!s.alloc(b, 10 * kChunkBytes)) return false;
   if (!s.touch(b)) return false;
+  CHECK(s.r.whereIs(a) == Where::Device, "a range larger than the budget evicted live data");
   CHECK(s.r.bytesOn(0, Where::Device) == 4 * kChunkBytes, "budget not filled");
-  CHECK(s.r.whereIs(a) == Where::Host, "the older block did not leave");
-  return true;
+  // Once `a` is dead its chunks are room the large block takes (no copy).
+  if (!s.free(a)) return false;
+  if (!s.free(b)) return false;
+  if (!s.alloc(b, 10 * kChunkBytes)) return false;
+  CHECK(s.r.whereIs(a) == Where::Host, "the dead block's chunks were not taken");
+  CHECK(s.r.bytesOn(0, Where::Device) == 4 * kChunkBytes, "budget not filled");
+  for (uint64_t i = 0; i < 4; ++i) {
+    CHECK(s.r.whereIs(b + i * kChunkBytes) == Where::Device, "chunk %llu of the block not on the device",
+          static_cast<unsigned long long>(i));
+  }
+  // A range within the budget still evicts live data (plain LRU).
+  const uintptr_t c = 1ull << 34;
+  if (!s.addSegment(c, 4 * kChunkBytes)) return false;
+  if (!s.alloc(c, 4 * kChunkBytes)) return false;
+  CHECK(s.r.whereIs(c + 3 * kChunkBytes) == Where::Device, "a range within the budget not placed");
+  CHECK(s.r.whereIs(b) == Where::Host, "a range within the budget did not evict");
+  return s.invariants("larger than the budget");
 }
 
 // Note [Graph pools: a free is not a death]: replay outputs in a private

@@ -19,6 +19,7 @@ UM = ROOT / "c10_overlay" / "c10" / "cuda" / "um"
 SOURCES = [
     ROOT / "tests" / "engine" / "executor_test.cpp",
     UM / "Executor.cpp",
+    UM / "HostMemory.cpp",
     UM / "Residency.cpp",
 ]
 SANITIZERS = {

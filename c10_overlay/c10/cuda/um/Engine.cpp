@@ -559,6 +559,10 @@ void* Engine::allocHost(size_t size) {
       (void)cudaFree(ptr);
     }
   }
+  if (err == cudaSuccess && size >= kPopulateMinHostAlloc) {
+    // Nobody holds it yet (Note [Host pages are populated by CPU threads]).
+    populateOnHost({ptr}, {size});
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();

@@ -1,6 +1,7 @@
 #include <c10/cuda/um/Executor.h>
 
 #include <c10/cuda/um/CudaCompat.h>
+#include <c10/cuda/um/HostMemory.h>
 #include <c10/util/Exception.h>
 
 #include <unistd.h>
@@ -63,78 +64,6 @@ cudaError_t prefetchOn(
   }
   return compat::prefetchBatch(
       ptrs.data(), sizes.data(), ptrs.size(), to, stream);
-}
-
-// Note [Host pages are populated by CPU threads]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A new segment's chunks that are placed in host RAM (MapHost) need host
-// pages before a GPU can write them in place at link speed. Fresh pages come
-// into existence through the driver's CPU fault path whatever asks for them,
-// and that path is slow per thread but scales with threads. On an H200 host,
-// for a fresh 2 GiB range with PreferredLocation=host (GB/s of population,
-// bench/populate_probe.py, bench/README.md "Prediction, step 17"): a
-// prefetch to the host (what MapHost did before) 2.4; GPU writes faulting
-// them in 4.7; CPU writes from 1, 4, 8 and 16 threads 2.3, 5.4, 8.8 and 9.5.
-// Listing 1's first run went from 9.9 to 8.4 s with it (step 20).
-// So MapHost writes one byte per page from up to kPopulateThreads threads,
-// at least kPopulatePart bytes each, the calling thread included. This is
-// safe because MapHost is only emitted for a segment fresh from
-// cudaMallocManaged and not yet handed out: no kernel, copy or thread can
-// use it yet, and its content is undefined until its first user writes it.
-// A range adopted by torch.cuda.um.move_ holds data and never gets MapHost
-// (Residency::addSegment; the GPU suite's move_ past the budget lost its
-// data when it did). If a thread cannot be started, the calling thread
-// touches that part itself.
-constexpr size_t kPopulateThreads = 8;
-constexpr size_t kPopulatePart = 64ull << 20;
-
-void touchPages(char* begin, size_t size, size_t page) {
-  volatile char* p = begin;
-  for (size_t off = 0; off < size; off += page) {
-    p[off] = 0;
-  }
-}
-
-void populateOnHost(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes) {
-  const long sys_page = sysconf(_SC_PAGESIZE);
-  const size_t page = sys_page > 0 ? static_cast<size_t>(sys_page) : 4096;
-  size_t total = 0;
-  for (size_t s : sizes) {
-    total += s;
-  }
-  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const size_t parts = std::clamp<size_t>(
-      total / kPopulatePart, 1, std::min(kPopulateThreads, hw));
-  // Part k covers bytes [k * share, (k + 1) * share) of the ranges laid end
-  // to end, rounded to whole pages.
-  const size_t share = (total / parts + page - 1) / page * page;
-  auto touchPart = [&](size_t k) {
-    size_t lo = k * share;
-    size_t hi = std::min(total, lo + share);
-    size_t start = 0;
-    for (size_t r = 0; r < ptrs.size() && lo < hi; ++r) {
-      const size_t end = start + sizes[r];
-      if (lo < end) {
-        const size_t upto = std::min(hi, end);
-        touchPages(static_cast<char*>(ptrs[r]) + (lo - start), upto - lo, page);
-        lo = upto;
-      }
-      start = end;
-    }
-  };
-  std::vector<std::thread> helpers;
-  helpers.reserve(parts - 1);
-  for (size_t k = 1; k < parts; ++k) {
-    try {
-      helpers.emplace_back(touchPart, k);
-    } catch (const std::system_error&) {
-      touchPart(k);
-    }
-  }
-  touchPart(0);
-  for (std::thread& t : helpers) {
-    t.join();
-  }
 }
 
 } // namespace
@@ -565,7 +494,7 @@ void Executor::run(
           if (e == cudaSuccess && prefetch && a.kind == Action::MapHost) {
             // Populate host pages now, so that first GPU touches map them
             // instead of faulting each into existence (Note [Host pages
-            // are populated by CPU threads]).
+            // are populated by CPU threads], HostMemory.cpp).
             populateOnHost(ptrs, sizes);
           }
           break;

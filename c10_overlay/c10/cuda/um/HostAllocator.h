@@ -23,6 +23,10 @@
 // small allocations never qualify; and a fork()ed child (DataLoader workers
 // under the fork start method) cannot read its parent's managed memory,
 // which is why host_alloc defaults to "default" and the scope is explicit.
+// An allocation of at least 128 MiB gets its pages at once, made by CPU
+// threads as a pinned buffer's are (Note [Host pages are populated by CPU
+// threads], HostMemory.cpp): a GPU copy into pages nobody made faults them
+// in at about 4 GB/s.
 //
 // Thread safety: allocate and the deleter may run on any thread; the scope
 // depth is per thread; install is idempotent and serialised.

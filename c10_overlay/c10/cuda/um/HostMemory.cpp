@@ -1,11 +1,15 @@
 #include <c10/cuda/um/HostMemory.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <thread>
 
 namespace c10::cuda::um {
 namespace {
@@ -55,6 +59,44 @@ std::optional<uint64_t> cgroupRoom() {
   return std::nullopt;
 }
 
+// Note [Host pages are populated by CPU threads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A new segment's chunks that are placed in host RAM (MapHost) need host
+// pages before a GPU can write them in place at link speed. Fresh pages come
+// into existence through the driver's CPU fault path whatever asks for them,
+// and that path is slow per thread but scales with threads. On an H200 host,
+// for a fresh 2 GiB range with PreferredLocation=host (GB/s of population,
+// bench/populate_probe.py, bench/README.md "Prediction, step 17"): a
+// prefetch to the host (what MapHost did before) 2.4; GPU writes faulting
+// them in 4.7; CPU writes from 1, 4, 8 and 16 threads 2.3, 5.4, 8.8 and 9.5.
+// Listing 1's first run went from 9.9 to 8.4 s with it (step 20).
+// So populateOnHost writes one byte per page from up to kPopulateThreads
+// threads, at least kPopulatePart bytes each, the calling thread included.
+// Two callers, both on memory fresh from cudaMallocManaged that nobody holds
+// yet, so no kernel, copy or thread can use it and its content is undefined
+// until its first user writes it:
+//   - MapHost (Executor.cpp), for a new segment's chunks placed in host RAM.
+//     A range adopted by torch.cuda.um.move_ holds data and never gets
+//     MapHost (Residency::addSegment; the GPU suite's move_ past the budget
+//     lost its data when it did);
+//   - Engine::allocHost, for a managed CPU tensor of at least
+//     kPopulateMinHostAlloc bytes (Note [Managed host memory]): a pinned
+//     buffer's pages are made at allocation too, and pages the CPU makes are
+//     the ones a GPU copy then writes at link speed, where a copy into pages
+//     nobody made faults them in at about 4 GB/s (step 43) and a CPU
+//     writer alone makes them at 2.3.
+// If a thread cannot be started, the calling thread touches that part
+// itself.
+constexpr size_t kPopulateThreads = 8;
+constexpr size_t kPopulatePart = 64ull << 20;
+
+void touchPages(char* begin, size_t size, size_t page) {
+  volatile char* p = begin;
+  for (size_t off = 0; off < size; off += page) {
+    p[off] = 0;
+  }
+}
+
 } // namespace
 
 uint64_t availableHostBytes() {
@@ -66,6 +108,48 @@ uint64_t availableHostBytes() {
     room = std::min(room, *cg);
   }
   return room;
+}
+
+void populateOnHost(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes) {
+  const long sys_page = sysconf(_SC_PAGESIZE);
+  const size_t page = sys_page > 0 ? static_cast<size_t>(sys_page) : 4096;
+  size_t total = 0;
+  for (size_t s : sizes) {
+    total += s;
+  }
+  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t parts = std::clamp<size_t>(
+      total / kPopulatePart, 1, std::min(kPopulateThreads, hw));
+  // Part k covers bytes [k * share, (k + 1) * share) of the ranges laid end
+  // to end, rounded to whole pages.
+  const size_t share = (total / parts + page - 1) / page * page;
+  auto touchPart = [&](size_t k) {
+    size_t lo = k * share;
+    size_t hi = std::min(total, lo + share);
+    size_t start = 0;
+    for (size_t r = 0; r < ptrs.size() && lo < hi; ++r) {
+      const size_t end = start + sizes[r];
+      if (lo < end) {
+        const size_t upto = std::min(hi, end);
+        touchPages(static_cast<char*>(ptrs[r]) + (lo - start), upto - lo, page);
+        lo = upto;
+      }
+      start = end;
+    }
+  };
+  std::vector<std::thread> helpers;
+  helpers.reserve(parts - 1);
+  for (size_t k = 1; k < parts; ++k) {
+    try {
+      helpers.emplace_back(touchPart, k);
+    } catch (const std::system_error&) {
+      touchPart(k);
+    }
+  }
+  touchPart(0);
+  for (std::thread& t : helpers) {
+    t.join();
+  }
 }
 
 } // namespace c10::cuda::um

@@ -413,8 +413,9 @@ void Residency::addSegment(
     }
   } else {
     if (on_device + size > limits.budget) {
-      makeRoom(
-          device, on_device + size - limits.budget, limits, tick_, stream, out);
+      // Note [Ranges larger than the budget]
+      makeRoom(device, on_device + size - limits.budget, limits, tick_, stream,
+               out, /*dead_only=*/size > limits.budget);
     }
     const uint64_t now = d.resident();
     const uint64_t room = limits.budget > now ? limits.budget - now : 0;
@@ -483,7 +484,8 @@ uint64_t Residency::makeRoom(
     const DeviceLimits& limits,
     uint64_t protect_tick,
     void* stream,
-    std::vector<Action>& out) {
+    std::vector<Action>& out,
+    bool dead_only) {
   ensureOrdered(device); // Note [Orders built on demand]
   DeviceLru& d = lru(device);
   uint64_t freed = 0;
@@ -499,6 +501,8 @@ uint64_t Residency::makeRoom(
     if (usable(d.dead)) {
       addr = dead_choice_ == nullptr ? d.dead.begin()->second
                                      : chooseDead(d.dead, protect_tick);
+    } else if (dead_only) {
+      break;
     } else if (
         usable(d.live) &&
         (d.scan.empty() || d.live.begin()->first < d.scan.begin()->first)) {
@@ -710,8 +714,9 @@ bool Residency::onAlloc(
   DeviceLru& d = lru(seg->device);
   const uint64_t on_device = d.resident();
   if (on_device + need > limits.budget) {
+    // Note [Ranges larger than the budget]
     makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
-             stream, out);
+             stream, out, /*dead_only=*/size > limits.budget);
   }
   // Note [Graph pools: a free is not a death]
   bringIn(*seg, first, last, stream, /*dead_content=*/!seg->replayed, addr,
@@ -819,8 +824,9 @@ uint64_t Residency::touch(
     DeviceLru& d = lru(seg->device);
     const uint64_t on_device = d.resident();
     if (on_device + need > limits.budget) {
+      // Note [Ranges larger than the budget]
       makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
-               stream, out);
+               stream, out, /*dead_only=*/size > limits.budget);
     }
   }
   const uint64_t moved = bringIn(*seg, first, last, stream, /*dead_content=*/false,

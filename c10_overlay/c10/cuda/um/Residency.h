@@ -35,7 +35,8 @@
 //     nothing but makes GPU touches of evicted pages read them in place
 //     until the engine brings them back);
 //   - a range larger than what the budget can hold is mapped in place for
-//     its remainder (MapHost): data touched once streams at link speed;
+//     its remainder (MapHost): data touched once streams at link speed; it
+//     never evicts live data (Note [Ranges larger than the budget]);
 //   - live data that its user will only read (parameters in a forward
 //     without autograd: inference) comes back as a read-only duplicate
 //     (Note [Read-only duplicates]) and leaves by dropping the duplicate.
@@ -78,6 +79,21 @@
 //   4. from the remaining live chunks, least recently touched first.
 // Training touches nothing read-only, so for it this is plain LRU; a chunk
 // touched for writing or (re)allocated leaves the scan set.
+//
+// Note [Ranges larger than the budget]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A range (a new segment, a block handed out, a touched range) larger than
+// the whole budget can never be resident at once: every use of it reads or
+// writes most of it over the link anyway. Such a range takes only the room
+// that costs no copy, free room and dead chunks; it never evicts live data,
+// and the rest of it is mapped in place. Evicting live bytes to give it part
+// of the device would pay a migration to host RAM at 3-16 GB/s (design
+// notes, section 9) to spare the same bytes a direct access at about
+// 50 GB/s, and the evicted data, if used again, comes back over the link as
+// well: LRU flushed by a scan larger than the cache. Listing 1's square is
+// the case in point (bench/README.md, "Prediction, step 44"): `y = x * x`
+// with x and y each twice the budget evicted x's device half to place part
+// of y, 0.6 s of the square's 0.8.
 //
 // Note [Graph pools: a free is not a death]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -590,14 +606,16 @@ class Residency {
   // Sets a chunk's live bytes; `retick` also makes it the most recent.
   void setLive(Segment& seg, size_t i, uint32_t live, bool retick);
   // Frees room for `need` bytes on `device` under `budget`, never taking a
-  // chunk touched at or after `protect_tick`. Returns the bytes freed.
+  // chunk touched at or after `protect_tick`; `dead_only`: from dead chunks
+  // only (Note [Ranges larger than the budget]). Returns the bytes freed.
   uint64_t makeRoom(
       int device,
       uint64_t need,
       const DeviceLimits& limits,
       uint64_t protect_tick,
       void* stream,
-      std::vector<Action>& out);
+      std::vector<Action>& out,
+      bool dead_only = false);
   // Brings chunks [first, last) of seg to the device; `dead_content`: the
   // toucher overwrites them (discard-and-prefetch is safe where no other
   // live bytes share the chunk).
