@@ -412,10 +412,10 @@ void Residency::addSegment(
       on_dev = 0;
     }
   } else {
-    if (on_device + size > limits.budget) {
-      // Note [Ranges larger than the budget]
-      makeRoom(device, on_device + size - limits.budget, limits, tick_, stream,
-               out, /*dead_only=*/size > limits.budget);
+    // Note [Ranges larger than the budget]
+    if (on_device + size > limits.budget && size <= limits.budget) {
+      makeRoom(
+          device, on_device + size - limits.budget, limits, tick_, stream, out);
     }
     const uint64_t now = d.resident();
     const uint64_t room = limits.budget > now ? limits.budget - now : 0;
@@ -484,8 +484,7 @@ uint64_t Residency::makeRoom(
     const DeviceLimits& limits,
     uint64_t protect_tick,
     void* stream,
-    std::vector<Action>& out,
-    bool dead_only) {
+    std::vector<Action>& out) {
   ensureOrdered(device); // Note [Orders built on demand]
   DeviceLru& d = lru(device);
   uint64_t freed = 0;
@@ -501,8 +500,6 @@ uint64_t Residency::makeRoom(
     if (usable(d.dead)) {
       addr = dead_choice_ == nullptr ? d.dead.begin()->second
                                      : chooseDead(d.dead, protect_tick);
-    } else if (dead_only) {
-      break;
     } else if (
         usable(d.live) &&
         (d.scan.empty() || d.live.begin()->first < d.scan.begin()->first)) {
@@ -713,10 +710,10 @@ bool Residency::onAlloc(
   counters_.touches += 1;
   DeviceLru& d = lru(seg->device);
   const uint64_t on_device = d.resident();
-  if (on_device + need > limits.budget) {
-    // Note [Ranges larger than the budget]
+  // Note [Ranges larger than the budget]
+  if (on_device + need > limits.budget && size <= limits.budget) {
     makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
-             stream, out, /*dead_only=*/size > limits.budget);
+             stream, out);
   }
   // Note [Graph pools: a free is not a death]
   bringIn(*seg, first, last, stream, /*dead_content=*/!seg->replayed, addr,
@@ -823,10 +820,10 @@ uint64_t Residency::touch(
   } else {
     DeviceLru& d = lru(seg->device);
     const uint64_t on_device = d.resident();
-    if (on_device + need > limits.budget) {
-      // Note [Ranges larger than the budget]
+    // Note [Ranges larger than the budget]
+    if (on_device + need > limits.budget && size <= limits.budget) {
       makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
-               stream, out, /*dead_only=*/size > limits.budget);
+               stream, out);
     }
   }
   const uint64_t moved = bringIn(*seg, first, last, stream, /*dead_content=*/false,

@@ -84,16 +84,22 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A range (a new segment, a block handed out, a touched range) larger than
 // the whole budget can never be resident at once: every use of it reads or
-// writes most of it over the link anyway. Such a range takes only the room
-// that costs no copy, free room and dead chunks; it never evicts live data,
-// and the rest of it is mapped in place. Evicting live bytes to give it part
-// of the device would pay a migration to host RAM at 3-16 GB/s (design
-// notes, section 9) to spare the same bytes a direct access at about
-// 50 GB/s, and the evicted data, if used again, comes back over the link as
-// well: LRU flushed by a scan larger than the cache. Listing 1's square is
-// the case in point (bench/README.md, "Prediction, step 44"): `y = x * x`
-// with x and y each twice the budget evicted x's device half to place part
-// of y, 0.6 s of the square's 0.8.
+// writes most of it over the link anyway. Such a range takes only free room
+// on the device; it makes none, and the rest of it is mapped in place.
+//   - Evicting live bytes for it pays a migration to host RAM at 3-16 GB/s
+//     (design notes, section 9) to spare the same bytes a direct access at
+//     about 50 GB/s, and the evicted data, if used again, comes back over
+//     the link as well: LRU flushed by a scan larger than the cache.
+//   - Discarding dead chunks for it costs no copy then, but the discarded
+//     chunks have no pages anywhere: reused in host RAM later they are made
+//     again (PlaceOnHost, about 4 GB/s), and the range's own chunks come in
+//     by prefetch. Left alone, dead chunks are revived in place by the next
+//     block over them, and placement stays the same from one iteration to
+//     the next.
+// Listing 1 is the case in point (bench/README.md, "Prediction, step 44"):
+// with x and y each twice the budget, making room evicted x's device half
+// to place part of y (0.6 s of the square's 0.8); taking dead room instead
+// made y's next placement re-make 4 GiB of host pages (0.95 s).
 //
 // Note [Graph pools: a free is not a death]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -606,16 +612,14 @@ class Residency {
   // Sets a chunk's live bytes; `retick` also makes it the most recent.
   void setLive(Segment& seg, size_t i, uint32_t live, bool retick);
   // Frees room for `need` bytes on `device` under `budget`, never taking a
-  // chunk touched at or after `protect_tick`; `dead_only`: from dead chunks
-  // only (Note [Ranges larger than the budget]). Returns the bytes freed.
+  // chunk touched at or after `protect_tick`. Returns the bytes freed.
   uint64_t makeRoom(
       int device,
       uint64_t need,
       const DeviceLimits& limits,
       uint64_t protect_tick,
       void* stream,
-      std::vector<Action>& out,
-      bool dead_only = false);
+      std::vector<Action>& out);
   // Brings chunks [first, last) of seg to the device; `dead_content`: the
   // toucher overwrites them (discard-and-prefetch is safe where no other
   // live bytes share the chunk).
