@@ -17,6 +17,8 @@ probe asks, for one device budget that holds the GPU tensor, what each route car
 - ``--first``: the first copy of fresh managed host memory, by how its pages were prepared;
 - ``--duplex``: the kernel from managed host memory into managed host memory (both
   directions of the link at once);
+- ``--split``: the same copy by the CPU's threads (torch's CPU ``copy_``, no link), and
+  split between the kernel (the first part) and the CPU (the rest) at once;
 
 for the pairs: managed host memory to the GPU (``h2d-managed``) and back (``d2h-managed``),
 and as references ordinary pageable memory (``h2d-pageable``, ``d2h-pageable``: memcpy
@@ -25,7 +27,7 @@ Each route's copy is checked against its source. GB/s is the best of ``--reps``.
 
 The total-managed cap is 80 % of the free memory read at start (design notes, section 4),
 and the probe's managed memory (three tensors of ``--gib``, four with ``--duplex``) must
-fit under it. Prints a table and one ``BENCH_RESULT`` JSON line.
+fit under it (one more with ``--split``). Prints a table and one ``BENCH_RESULT`` JSON line.
 """
 
 from __future__ import annotations
@@ -150,6 +152,50 @@ def duplex_copies(
     return rows
 
 
+SPLIT_CPU_PARTS = (0.0, 0.15, 0.25, 0.35, 0.5, 1.0)
+
+
+def split_copies(
+    torch: Any, um: Any, copier: Any, src: Any, stream: int, reps: int
+) -> list[dict[str, Any]]:
+    """Managed host memory into managed host memory, the last ``cpu_part`` of it by the
+    CPU's threads (torch's CPU ``copy_``, which never crosses the link) while the kernel
+    copies the rest over the link both ways: whether the two add up (0.0 is the kernel
+    alone, 1.0 the CPU alone)."""
+    if copier is None:
+        return []
+    um.configure(host_alloc="managed")
+    dst = torch.empty(src.numel(), dtype=torch.uint8)
+    um.configure(host_alloc="default")
+    dst.fill_(0)
+    _prepare(torch, um, dst, "advise")
+    n = src.numel()
+    rows = []
+    for part in SPLIT_CPU_PARTS:
+        k = int(n * (1 - part)) // 16 * 16
+
+        def both(k: int = k) -> None:
+            if k > 0:
+                copier.copy(dst[:k], src[:k], stream, 8)
+            if k < n:
+                dst[k:].copy_(src[k:])
+
+        dst.fill_(0)
+        s = timed(torch, both, reps)
+        ok = bool(torch.equal(dst, src))
+        rows.append(
+            {
+                "cpu_part": part,
+                "s": s,
+                "gbps": n / s / 1e9,
+                "equal": ok,
+                "threads": torch.get_num_threads(),
+            }
+        )
+        print(f"h2h-managed split cpu {part:4.2f} {n / s / 1e9:7.1f} GB/s  equal={ok}", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=2.0, help="bytes a copy, in GiB")
@@ -162,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also the kernel copying managed host memory into managed host memory",
     )
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="also that copy by CPU threads, and split between the kernel and the CPU",
+    )
     a = ap.parse_args(argv)
     if a.gib <= 0 or a.reps < 1:
         ap.error("--gib takes a positive size, --reps a count of at least 1")
@@ -171,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     um = um_module(torch, "um")
     free, _total, cap = safe_cap(torch)
     n = int(a.gib * GiB) // 16 * 16
-    tensors = 4 if a.duplex else 3
+    tensors = 3 + int(a.duplex) + int(a.split)
     if tensors * n > cap:
         raise BenchError(
             f"--gib {a.gib}: {tensors} tensors of it exceed the managed cap ({cap / GiB:.1f} GiB)"
@@ -223,11 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
     first = first_copies(torch, um, n, dev, dev_src) if a.first else []
     duplex = duplex_copies(torch, um, copier, kinds["managed"], stream, a.reps) if a.duplex else []
+    split = split_copies(torch, um, copier, kinds["managed"], stream, a.reps) if a.split else []
     emit(
         {
             "probe": "copy_routes_probe",
             "first": first,
             "duplex": duplex,
+            "split": split,
             "bytes": n,
             "free_at_start": free,
             "cap": cap,

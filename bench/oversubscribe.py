@@ -62,6 +62,7 @@ COUNTERS = (
     "executor_ns",
     "evictor_ns",
     "kernel_copy_bytes",
+    "kernel_copy_cpu_bytes",
 )
 RUNS = ("first", "again")
 

@@ -980,6 +980,14 @@ bool blockLargerThanBudget() {
   CHECK(s.r.bytesOn(0, Where::Device) == 4 * kChunkBytes, "free room not taken");
   CHECK(s.r.whereIs(b) == Where::Device, "the segment's first chunk not on the device");
   CHECK(s.r.whereIs(b + kChunkBytes) == Where::Host, "the segment evicted live data");
+  // Note [Copies shared with the CPU]: the part at the end in host RAM.
+  CHECK(s.r.hostTail(b, 10 * kChunkBytes) == 9 * kChunkBytes, "host tail of the segment");
+  CHECK(s.r.hostTail(b + 100, 10 * kChunkBytes - 100) == 9 * kChunkBytes, "host tail, offset");
+  CHECK(s.r.hostTail(b + kChunkBytes / 2, 2 * kChunkBytes) == 3 * kChunkBytes / 2,
+        "host tail starting on the device");
+  CHECK(s.r.hostTail(b, kChunkBytes) == 0, "host tail of a range ending on the device");
+  CHECK(s.r.hostTail(b, 11 * kChunkBytes) == 0, "host tail past the segment");
+  CHECK(s.r.hostTail(b + 10 * kChunkBytes, kChunkBytes) == 0, "host tail outside");
   // Handed out, freed, handed out again and touched: `a` stays each time.
   if (!s.alloc(b, 10 * kChunkBytes)) return false;
   if (!s.free(b)) return false;

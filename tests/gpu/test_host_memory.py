@@ -190,6 +190,41 @@ def test_copies_of_managed_host_memory_run_as_a_kernel(torch_mod: Any, um: Any) 
     assert um.stats()["um.kernel_copy_failures"] == 0
 
 
+def test_copies_past_the_budget_are_shared_with_the_cpu(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """Note [Copies shared with the CPU] (HostCopy.h): a kernel copy whose GPU side ends in
+    host RAM (a tensor twice the budget) leaves up to host_copy_cpu_share of its bytes, from
+    that end, to CPU threads, after the stream's earlier work; the data is what the driver's
+    copy gives. host_copy_cpu_share:0 leaves every byte to the kernel."""
+    budget = 256 * MiB
+    um.configure(device_budget=budget)
+
+    def cpu_bytes() -> int:
+        return int(um.stats()["um.kernel_copy_cpu_bytes"])
+
+    n = 2 * budget // 4 + 5  # not a whole number of pages
+    src = _managed(n, 11, um)
+    ref = _reference(n, 11)
+    back = _managed(n, 0, um).zero_()
+    c0 = cpu_bytes()
+    dev = src.to("cuda")  # host to device: its end in host RAM
+    c1 = cpu_bytes()
+    assert 0 < c1 - c0 <= 0.35 * n * 4, um.stats()["um.kernel_copy_failures"]
+    dev.mul_(2)  # queued just before the copy back: its CPU part must see it
+    back.copy_(dev)  # device to host
+    c2 = cpu_bytes()
+    assert 0 < c2 - c1 <= 0.35 * n * 4
+    assert torch.equal(back, ref * 2)
+    um.configure(host_copy_cpu_share=0)
+    back.zero_()
+    dev.add_(1)
+    back.copy_(dev)
+    assert cpu_bytes() == c2
+    assert torch.equal(back, ref * 2 + 1)
+    assert um.stats()["um.kernel_copy_failures"] == 0
+
+
 class _Batches(torch.utils.data.Dataset):  # type: ignore[misc]
     def __len__(self) -> int:
         return 12

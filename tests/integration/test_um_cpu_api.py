@@ -28,7 +28,8 @@ pytestmark = pytest.mark.integration
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
     "predict, predict_lookahead, predict_copy_sms, predict_copy_kernel, predict_ddp_buckets, "
-    "read_copies, host_alloc, host_alloc_min, host_copy_kernel, pin_in_place."
+    "read_copies, host_alloc, host_alloc_min, host_copy_kernel, host_copy_cpu_share, "
+    "pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
 RESIDENCY = {
@@ -44,6 +45,7 @@ RESIDENCY = {
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
     "host_copy_kernel": "True",
+    "host_copy_cpu_share": "0.35",
     "pin_in_place": "False",
 }
 DEFAULTS = {
@@ -193,6 +195,8 @@ BAD = {
     "expandable_segments:True": ["unknown key 'expandable_segments'", KEYS],
     "enabled:maybe": ["'enabled' takes True or False, got 'maybe'"],
     "host_copy_kernel:1.5": ["'host_copy_kernel' takes True or False, got '1.5'"],
+    "host_copy_cpu_share:0.95": ["'host_copy_cpu_share'", "from 0 (none) to 0.9", "got '0.95'"],
+    "host_copy_cpu_share:-0.1": ["'host_copy_cpu_share'", "got '-0.1'"],
     "prefetch:yes": ["'prefetch' takes True or False, got 'yes'"],
     "max_managed:12XB": [
         "'max_managed' takes a size such as 512MiB, 8GiB or 1073741824, got '12XB'"
@@ -308,7 +312,7 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
 def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     stats = api["stats"]
     assert stats["um.enabled"] == 1 and stats["um.policy_lru"] == 1
-    assert len(stats) == 53 and all(isinstance(v, int) for v in stats.values())
+    assert len(stats) == 54 and all(isinstance(v, int) for v in stats.values())
     flags = ("um.enabled", "um.policy_lru")
     assert {k: v for k, v in stats.items() if k not in flags} == dict.fromkeys(
         (k for k in stats if k not in flags), 0

@@ -153,6 +153,7 @@ class _Stats(ctypes.Structure):
             "kernel_copies",
             "kernel_copy_bytes",
             "kernel_copy_failures",
+            "kernel_copy_cpu_bytes",
         )
     ]
 
@@ -341,6 +342,7 @@ def configure(
     host_alloc: str | None = None,
     host_alloc_min: Size | None = None,
     host_copy_kernel: bool | None = None,
+    host_copy_cpu_share: float | None = None,
     pin_in_place: bool | None = None,
 ) -> None:
     """Change the engine's settings for allocations made from now on. A change of
@@ -387,6 +389,14 @@ def configure(
             if not isinstance(flag, bool):
                 raise TypeError(f"{key} must be a bool, got {type(flag).__name__}")
             parts.append(f"{key}:{flag}")
+    if host_copy_cpu_share is not None:
+        if isinstance(host_copy_cpu_share, bool) or not isinstance(
+            host_copy_cpu_share, (int, float)
+        ):
+            raise TypeError(
+                f"host_copy_cpu_share must be a number, got {type(host_copy_cpu_share).__name__}"
+            )
+        parts.append(f"host_copy_cpu_share:{host_copy_cpu_share!r}")
     if predict_copy_sms is not None:
         if isinstance(predict_copy_sms, bool) or not isinstance(predict_copy_sms, (int, str)):
             raise TypeError(

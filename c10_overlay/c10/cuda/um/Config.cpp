@@ -16,7 +16,7 @@ constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
     "discard, hooks, predict, predict_lookahead, predict_copy_sms, "
     "predict_copy_kernel, predict_ddp_buckets, read_copies, host_alloc, "
-    "host_alloc_min, host_copy_kernel, pin_in_place";
+    "host_alloc_min, host_copy_kernel, host_copy_cpu_share, pin_in_place";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -205,6 +205,10 @@ std::string Config::str() const {
   s += ",host_alloc_min:" + std::to_string(host_alloc_min);
   s += ",host_copy_kernel:";
   s += host_copy_kernel ? "True" : "False";
+  char share[32];
+  std::snprintf(share, sizeof(share), "%g", host_copy_cpu_share);
+  s += ",host_copy_cpu_share:";
+  s += share;
   s += ",pin_in_place:";
   s += pin_in_place ? "True" : "False";
   return s;
@@ -271,6 +275,17 @@ Config parseConfig(
       cfg.discard = parseBool(key, value, source);
     } else if (key == "host_copy_kernel") {
       cfg.host_copy_kernel = parseBool(key, value, source);
+    } else if (key == "host_copy_cpu_share") {
+      std::optional<double> share = parseNumber(value);
+      TORCH_CHECK(
+          share && *share <= 0.9,
+          source,
+          ": 'host_copy_cpu_share' is the most of a kernel copy's bytes that "
+          "CPU threads copy where both sides lie in host RAM: a number from 0 "
+          "(none) to 0.9, such as 0.35, got '",
+          value,
+          "'.");
+      cfg.host_copy_cpu_share = *share;
     } else if (key == "pin_in_place") {
       cfg.pin_in_place = parseBool(key, value, source);
     } else if (key == "read_copies") {

@@ -92,6 +92,10 @@ struct Config {
   // copy (Note [Copies of managed host memory by kernel], HostCopy.h). On by
   // default; the injection path only.
   bool host_copy_kernel = true;
+  // The most of such a copy's bytes that CPU threads copy at the same time,
+  // where both sides lie in host RAM (Note [Copies shared with the CPU],
+  // HostCopy.h); 0 leaves every byte to the kernel.
+  double host_copy_cpu_share = 0.35;
   // DataLoader pin_memory=True page-locks each batch tensor of at least
   // host_alloc_min bytes where it lies (cudaHostRegister) instead of copying
   // it into page-locked buffers (Note [Pinned in place], HostAllocator.h).

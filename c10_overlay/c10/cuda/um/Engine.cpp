@@ -454,7 +454,11 @@ bool Engine::isManaged(const void* ptr) const {
   return residency_.deviceOf(p) >= 0 || hostFind(p) != host_.end();
 }
 
-Engine::HostRange Engine::hostRange(const void* ptr, size_t size, int device) const {
+Engine::HostRange Engine::hostRange(
+    const void* ptr,
+    size_t size,
+    int device,
+    const void* other) const {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   if (static_cast<int>(getpid()) != owner_pid_) {
     return {}; // a fork()ed child: the mapping is not its
@@ -466,7 +470,8 @@ Engine::HostRange Engine::hostRange(const void* ptr, size_t size, int device) co
   }
   const bool mapped = device >= 0 && device < kMappedDevices &&
       (it->second.mapped_for >> device & 1u) != 0;
-  return {true, mapped};
+  return {true, mapped, residency_.hostTail(reinterpret_cast<uintptr_t>(other), size),
+          cfg_.host_copy_cpu_share};
 }
 
 void Engine::mapHostFor(const void* ptr, int device) {
@@ -733,6 +738,7 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.kernel_copies = kc.copies;
   s.kernel_copy_bytes = kc.bytes;
   s.kernel_copy_failures = kc.failures;
+  s.kernel_copy_cpu_bytes = kc.cpu_bytes;
   return s;
 }
 

@@ -130,16 +130,21 @@ class Engine {
   // Note [Copies of managed host memory by kernel] (HostCopy.h): whether
   // copies of managed host memory may run as a kernel now (UM on and
   // host_copy_kernel; lock-free), and, in one lookup, whether [ptr,
-  // ptr+size) lies wholly inside one allocHost allocation of this process
-  // and whether mapHostFor has mapped that allocation for `device`.
+  // ptr+size) lies wholly inside one allocHost allocation of this process,
+  // whether mapHostFor has mapped that allocation for `device`, and how
+  // many bytes at the end of the copy's other side [other, other+size) lie
+  // in host RAM by the residency ledger, with the share of a copy CPU
+  // threads may take there (Note [Copies shared with the CPU]).
   bool kernelCopies() const {
     return kernel_copies_.load(std::memory_order_relaxed);
   }
   struct HostRange {
     bool managed = false;
     bool mapped = false;
+    uint64_t other_host_tail = 0;
+    double cpu_share = 0;
   };
-  HostRange hostRange(const void* ptr, size_t size, int device) const;
+  HostRange hostRange(const void* ptr, size_t size, int device, const void* other) const;
   // Whether some stream of the process is being captured (captureBegin and
   // captureEnd): CUDA then forbids advice and waits on other streams too.
   bool capturesUnderway() const {

@@ -4,10 +4,15 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 namespace c10::cuda::um {
 namespace {
@@ -195,6 +200,7 @@ struct Counters {
   std::atomic<uint64_t> copies{0};
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> failures{0};
+  std::atomic<uint64_t> cpu_bytes{0};
 };
 Counters& counters() {
   static auto* c = new Counters();
@@ -217,6 +223,51 @@ bool kernelCopyShape(const void* dst, const void* src, size_t count, cudaMemcpyK
   const auto d = reinterpret_cast<uintptr_t>(dst);
   const auto s = reinterpret_cast<uintptr_t>(src);
   return count >= kKernelCopyMinBytes && ((d ^ s) & 15u) == 0;
+}
+
+// Note [Copies shared with the CPU]: the CPU takes no part of a copy under
+// kCpuPartMinBytes (threads cost more than they bring), and each thread at
+// least kCpuPartMinBytes / 4 of it.
+constexpr size_t kCpuPartMinBytes = size_t{64} << 20;
+constexpr size_t kCpuCopyThreads = 16;
+
+// The bytes of a `count`-byte copy that CPU threads take: up to `share` of
+// it, within the part whose both sides lie in host RAM (`host_tail` bytes at
+// the end), in whole pages.
+size_t cpuPart(size_t count, uint64_t host_tail, double share) {
+  if (count < kCpuPartMinBytes || share <= 0) {
+    return 0;
+  }
+  const auto want = static_cast<size_t>(static_cast<double>(count) * share);
+  const size_t part = std::min<size_t>(want, host_tail) & ~size_t{4095};
+  return part >= kCpuPartMinBytes / 4 ? part : 0;
+}
+
+// memcpy from threads, the calling one included; a thread that cannot be
+// started leaves its piece to the caller.
+void copyOnCpu(char* dst, const char* src, size_t size) {
+  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t parts =
+      std::clamp<size_t>(size / (kCpuPartMinBytes / 4), 1, std::min(kCpuCopyThreads, hw));
+  const size_t share = (size / parts + 4095) & ~size_t{4095};
+  auto piece = [&](size_t k) {
+    const size_t lo = std::min(size, k * share);
+    const size_t hi = std::min(size, lo + share);
+    std::memcpy(dst + lo, src + lo, hi - lo);
+  };
+  std::vector<std::thread> helpers;
+  helpers.reserve(parts - 1);
+  for (size_t k = 1; k < parts; ++k) {
+    try {
+      helpers.emplace_back(piece, k);
+    } catch (const std::system_error&) {
+      piece(k);
+    }
+  }
+  piece(0);
+  for (std::thread& t : helpers) {
+    t.join();
+  }
 }
 
 } // namespace
@@ -264,8 +315,9 @@ bool copyByKernel(
   if (cudaGetDevice(&device) != cudaSuccess) {
     return false;
   }
-  const void* host = kind == cudaMemcpyHostToDevice ? src : dst;
-  const Engine::HostRange range = engine.hostRange(host, count, device);
+  const bool to_device = kind == cudaMemcpyHostToDevice;
+  const void* host = to_device ? src : dst;
+  const Engine::HostRange range = engine.hostRange(host, count, device, to_device ? dst : src);
   if (!range.managed) {
     return false;
   }
@@ -285,7 +337,17 @@ bool copyByKernel(
   if (!range.mapped) {
     engine.mapHostFor(host, device);
   }
-  unsigned long long bytes = count;
+  // Note [Copies shared with the CPU]: the CPU's part is the copy's end, and
+  // it may start only once the work queued before the copy has finished.
+  size_t cpu = cpuPart(count, range.other_host_tail, range.cpu_share);
+  if (cpu > 0) {
+    const cudaError_t before = cudaStreamSynchronize(stream);
+    if (before != cudaSuccess) {
+      *result = before; // nothing queued: the error of the work before, as
+      return true; // a synchronous copy reports it
+    }
+  }
+  unsigned long long bytes = count - cpu;
   void* d = dst;
   const void* s = src;
   void* params[] = {&d, const_cast<void**>(&s), &bytes};
@@ -293,6 +355,10 @@ bool copyByKernel(
       0) {
     counters().failures.fetch_add(1, kRelaxed);
     return false; // nothing was queued
+  }
+  if (cpu > 0) {
+    copyOnCpu(static_cast<char*>(dst) + bytes, static_cast<const char*>(src) + bytes, cpu);
+    counters().cpu_bytes.fetch_add(cpu, kRelaxed);
   }
   counters().copies.fetch_add(1, kRelaxed);
   counters().bytes.fetch_add(count, kRelaxed);
@@ -304,7 +370,8 @@ bool copyByKernel(
 
 KernelCopyCounters kernelCopyCounters() {
   Counters& c = counters();
-  return KernelCopyCounters{c.copies.load(), c.bytes.load(), c.failures.load()};
+  return KernelCopyCounters{
+      c.copies.load(), c.bytes.load(), c.failures.load(), c.cpu_bytes.load()};
 }
 
 } // namespace c10::cuda::um

@@ -37,6 +37,25 @@
 // failed launch queues nothing; the copy then goes to the driver too
 // (counted).
 //
+// Note [Copies shared with the CPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The GPU side of such a copy is managed memory too, and past the device
+// budget its chunks lie in host RAM (Note [Ranges larger than the budget],
+// Residency.h): the kernel then reads host RAM and writes host RAM, every
+// byte crossing the link both ways. The link carries that at 42 GB/s of
+// payload on the H200 host, CPU threads copying the same pages (memcpy, no
+// link) at 37 GB/s from 16 threads, and both at once 47, 51, 58 and 54 GB/s
+// with 15, 25, 35 and 50 % of the bytes on the CPU
+// (`python -m bench.copy_routes_probe --split`, bench/README.md step 44).
+// So a copy of at least 64 MiB whose GPU side ends in chunks the residency
+// ledger places in host RAM leaves up to host_copy_cpu_share of its bytes
+// (0.35), taken from that end, to CPU threads: the host waits for the
+// stream's earlier work, launches the kernel on the rest, copies its part
+// while the kernel runs, then waits for the stream as before. A chunk the
+// ledger places in host RAM is mapped there for the device; a page that is
+// somewhere else after all is migrated by the CPU's access and still read
+// or written correctly. Counted in um.kernel_copy_cpu_bytes.
+//
 // Only the injection path has the hook: on the source path torch's copies
 // call the CUDA runtime from libtorch_cuda.so, which that path leaves alone.
 //
@@ -81,6 +100,7 @@ struct KernelCopyCounters {
   uint64_t copies = 0; // taken by the kernel
   uint64_t bytes = 0;
   uint64_t failures = 0; // launches that failed: handed to the driver
+  uint64_t cpu_bytes = 0; // of `bytes`, those CPU threads copied
 };
 KernelCopyCounters kernelCopyCounters();
 

@@ -975,6 +975,19 @@ Residency::Placement Residency::placement(uintptr_t addr, uint64_t size) const {
   return p;
 }
 
+uint64_t Residency::hostTail(uintptr_t addr, uint64_t size) const {
+  const Segment* seg = find(addr);
+  if (seg == nullptr || size == 0 || size > seg->base + seg->size - addr) {
+    return 0;
+  }
+  const auto [hi, first, last] = seg->span(addr, size);
+  size_t i = last;
+  while (i > first && seg->chunks[i - 1].where == Where::Host) {
+    --i;
+  }
+  return i == last ? 0 : hi - std::max(addr, seg->chunkAddr(i));
+}
+
 uint32_t Residency::liveBytesAt(uintptr_t addr) const {
   const Segment* seg = find(addr);
   return seg ? seg->chunks[(addr - seg->base) / kChunkBytes].live : 0;

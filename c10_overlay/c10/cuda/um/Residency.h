@@ -36,7 +36,7 @@
 //     until the engine brings them back);
 //   - a range larger than what the budget can hold is mapped in place for
 //     its remainder (MapHost): data touched once streams at link speed; it
-//     never evicts live data (Note [Ranges larger than the budget]);
+//     makes no room (Note [Ranges larger than the budget]);
 //   - live data that its user will only read (parameters in a forward
 //     without autograd: inference) comes back as a read-only duplicate
 //     (Note [Read-only duplicates]) and leaves by dropping the duplicate.
@@ -84,12 +84,15 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A range (a new segment, a block handed out, a touched range) larger than
 // the whole budget can never be resident at once: every use of it reads or
-// writes most of it over the link anyway. Such a range takes only free room
-// on the device; it makes none, and the rest of it is mapped in place.
+// writes at least its part past the budget over the link anyway. Such a
+// range takes only free room on the device; it makes none, and the rest of
+// it is mapped in place.
 //   - Evicting live bytes for it pays a migration to host RAM at 3-16 GB/s
 //     (design notes, section 9) to spare the same bytes a direct access at
-//     about 50 GB/s, and the evicted data, if used again, comes back over
-//     the link as well: LRU flushed by a scan larger than the cache.
+//     about 50 GB/s per use, and the evicted data, if used again, comes back
+//     over the link as well: LRU flushed by a scan larger than the cache.
+//     It would pay only if the range were used several times in a row and
+//     the evicted data not at all; nothing tells the engine that in time.
 //   - Discarding dead chunks for it costs no copy then, but the discarded
 //     chunks have no pages anywhere: reused in host RAM later they are made
 //     again (PlaceOnHost, about 4 GB/s), and the range's own chunks come in
@@ -470,6 +473,11 @@ class Residency {
     uint64_t held = 0;
   };
   Placement placement(uintptr_t addr, uint64_t size) const;
+  // The bytes at the end of [addr, addr+size) that lie in chunks placed in
+  // host RAM, all in one segment: the part a CPU can copy in place (Note
+  // [Copies shared with the CPU], HostCopy.h). 0 if the range's last byte is
+  // not in host RAM or not in the segment holding addr.
+  uint64_t hostTail(uintptr_t addr, uint64_t size) const;
 
  private:
   struct Segment;

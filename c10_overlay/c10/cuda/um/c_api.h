@@ -105,6 +105,9 @@ typedef struct TorchUmStats {
   uint64_t kernel_copies;
   uint64_t kernel_copy_bytes;
   uint64_t kernel_copy_failures;
+  /* Note [Copies shared with the CPU] (HostCopy.h): of kernel_copy_bytes, the
+   * bytes CPU threads copied. */
+  uint64_t kernel_copy_cpu_bytes;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
