@@ -1,6 +1,7 @@
 #include <c10/cuda/um/HostCopy.h>
 
 #include <c10/cuda/um/Engine.h>
+#include <c10/cuda/um/HostMemory.h>
 
 #include <dlfcn.h>
 
@@ -10,9 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <system_error>
 #include <thread>
-#include <vector>
 
 namespace c10::cuda::um {
 namespace {
@@ -243,31 +242,17 @@ size_t cpuPart(size_t count, uint64_t host_tail, double share) {
   return part >= kCpuPartMinBytes / 4 ? part : 0;
 }
 
-// memcpy from threads, the calling one included; a thread that cannot be
-// started leaves its piece to the caller.
+// memcpy from up to kCpuCopyThreads threads, the calling one included.
 void copyOnCpu(char* dst, const char* src, size_t size) {
   const size_t hw = std::max(1u, std::thread::hardware_concurrency());
   const size_t parts =
       std::clamp<size_t>(size / (kCpuPartMinBytes / 4), 1, std::min(kCpuCopyThreads, hw));
   const size_t share = (size / parts + 4095) & ~size_t{4095};
-  auto piece = [&](size_t k) {
+  onThreads(parts, [&](size_t k) {
     const size_t lo = std::min(size, k * share);
     const size_t hi = std::min(size, lo + share);
     std::memcpy(dst + lo, src + lo, hi - lo);
-  };
-  std::vector<std::thread> helpers;
-  helpers.reserve(parts - 1);
-  for (size_t k = 1; k < parts; ++k) {
-    try {
-      helpers.emplace_back(piece, k);
-    } catch (const std::system_error&) {
-      piece(k);
-    }
-  }
-  piece(0);
-  for (std::thread& t : helpers) {
-    t.join();
-  }
+  });
 }
 
 } // namespace

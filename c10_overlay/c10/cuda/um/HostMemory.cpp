@@ -137,16 +137,22 @@ void populateOnHost(const std::vector<void*>& ptrs, const std::vector<size_t>& s
       start = end;
     }
   };
+  onThreads(parts, touchPart);
+}
+
+void onThreads(size_t parts, const std::function<void(size_t)>& fn) {
   std::vector<std::thread> helpers;
-  helpers.reserve(parts - 1);
+  helpers.reserve(parts > 0 ? parts - 1 : 0);
   for (size_t k = 1; k < parts; ++k) {
     try {
-      helpers.emplace_back(touchPart, k);
+      helpers.emplace_back(fn, k);
     } catch (const std::system_error&) {
-      touchPart(k);
+      fn(k);
     }
   }
-  touchPart(0);
+  if (parts > 0) {
+    fn(0);
+  }
   for (std::thread& t : helpers) {
     t.join();
   }

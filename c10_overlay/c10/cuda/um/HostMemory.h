@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace c10::cuda::um {
@@ -11,6 +12,11 @@ namespace c10::cuda::um {
 // min(MemAvailable of /proc/meminfo, room left under this process's cgroup v2
 // memory.max). Returns UINT64_MAX if neither can be read.
 uint64_t availableHostBytes();
+
+// Runs fn(0) .. fn(parts - 1) at once, fn(0) on the calling thread and each
+// other on a thread of its own; a thread that cannot be started leaves its
+// part to the caller. Returns when all are done.
+void onThreads(size_t parts, const std::function<void(size_t)>& fn);
 
 // Makes the host pages of fresh managed ranges nobody uses yet by writing
 // one byte per page from CPU threads (Note [Host pages are populated by CPU
