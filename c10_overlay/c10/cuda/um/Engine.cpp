@@ -470,8 +470,11 @@ Engine::HostRange Engine::hostRange(
   }
   const bool mapped = device >= 0 && device < kMappedDevices &&
       (it->second.mapped_for >> device & 1u) != 0;
-  return {true, mapped, residency_.hostTail(reinterpret_cast<uintptr_t>(other), size),
-          cfg_.host_copy_cpu_share};
+  const double share = cfg_.host_copy_cpu_share;
+  const uint64_t tail = other != nullptr && share > 0
+      ? residency_.hostTail(reinterpret_cast<uintptr_t>(other), size)
+      : 0;
+  return {true, mapped, tail, share};
 }
 
 void Engine::mapHostFor(const void* ptr, int device) {

@@ -133,8 +133,9 @@ class Engine {
   // ptr+size) lies wholly inside one allocHost allocation of this process,
   // whether mapHostFor has mapped that allocation for `device`, and how
   // many bytes at the end of the copy's other side [other, other+size) lie
-  // in host RAM by the residency ledger, with the share of a copy CPU
-  // threads may take there (Note [Copies shared with the CPU]).
+  // in host RAM by the residency ledger (0 for a null `other` or a share of
+  // 0), with the share of a copy CPU threads may take there (Note [Copies
+  // shared with the CPU]).
   bool kernelCopies() const {
     return kernel_copies_.load(std::memory_order_relaxed);
   }

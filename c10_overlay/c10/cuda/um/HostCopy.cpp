@@ -302,7 +302,9 @@ bool copyByKernel(
   }
   const bool to_device = kind == cudaMemcpyHostToDevice;
   const void* host = to_device ? src : dst;
-  const Engine::HostRange range = engine.hostRange(host, count, device, to_device ? dst : src);
+  // The GPU side's host tail is looked up only where the CPU may take a part.
+  const void* other = count >= kCpuPartMinBytes ? (to_device ? dst : src) : nullptr;
+  const Engine::HostRange range = engine.hostRange(host, count, device, other);
   if (!range.managed) {
     return false;
   }

@@ -412,8 +412,7 @@ void Residency::addSegment(
       on_dev = 0;
     }
   } else {
-    // Note [Ranges larger than the budget]
-    if (on_device + size > limits.budget && size <= limits.budget) {
+    if (on_device + size > limits.budget && !streamsInPlace(size, limits)) {
       makeRoom(
           device, on_device + size - limits.budget, limits, tick_, stream, out);
     }
@@ -710,8 +709,7 @@ bool Residency::onAlloc(
   counters_.touches += 1;
   DeviceLru& d = lru(seg->device);
   const uint64_t on_device = d.resident();
-  // Note [Ranges larger than the budget]
-  if (on_device + need > limits.budget && size <= limits.budget) {
+  if (on_device + need > limits.budget && !streamsInPlace(size, limits)) {
     makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
              stream, out);
   }
@@ -820,8 +818,7 @@ uint64_t Residency::touch(
   } else {
     DeviceLru& d = lru(seg->device);
     const uint64_t on_device = d.resident();
-    // Note [Ranges larger than the budget]
-    if (on_device + need > limits.budget && size <= limits.budget) {
+    if (on_device + need > limits.budget && !streamsInPlace(size, limits)) {
       makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
                stream, out);
     }

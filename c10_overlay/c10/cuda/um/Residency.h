@@ -619,6 +619,11 @@ class Residency {
   static Order& order(DeviceLru& d, OrderKind kind);
   // Sets a chunk's live bytes; `retick` also makes it the most recent.
   void setLive(Segment& seg, size_t i, uint32_t live, bool retick);
+  // Note [Ranges larger than the budget]: a range of `size` bytes makes no
+  // room on the device; it takes free room and streams the rest in place.
+  static bool streamsInPlace(uint64_t size, const DeviceLimits& limits) {
+    return size > limits.budget;
+  }
   // Frees room for `need` bytes on `device` under `budget`, never taking a
   // chunk touched at or after `protect_tick`. Returns the bytes freed.
   uint64_t makeRoom(
