@@ -24,6 +24,15 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
+def rss_bytes() -> int:
+    """This process's resident memory (VmRSS of /proc/self/status)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     for item in items:

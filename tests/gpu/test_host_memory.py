@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.gpu.conftest import Limits, MiB
+from tests.gpu.conftest import Limits, MiB, rss_bytes
 
 torch = pytest.importorskip("torch")
 
@@ -190,29 +190,21 @@ def test_copies_of_managed_host_memory_run_as_a_kernel(torch_mod: Any, um: Any) 
     assert um.stats()["um.kernel_copy_failures"] == 0
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 def test_large_managed_cpu_tensors_get_their_pages_at_allocation(torch_mod: Any, um: Any) -> None:
     """Note [Host pages are populated by CPU threads] (HostMemory.cpp): a managed CPU tensor
     of 128 MiB or more holds its host pages when torch.empty returns (the process's resident
     memory has grown by its size); a smaller one gets them when first written."""
     n = 256 * MiB
-    before = _rss()
+    before = rss_bytes()
     with um.managed_host():
         big = torch.empty(n, dtype=torch.uint8)
     assert um.is_managed(big)
-    assert _rss() - before >= 0.9 * n
-    before = _rss()
+    assert rss_bytes() - before >= 0.9 * n
+    before = rss_bytes()
     with um.managed_host():
         small = torch.empty(64 * MiB, dtype=torch.uint8)
     assert um.is_managed(small)
-    assert _rss() - before < 32 * MiB
+    assert rss_bytes() - before < 32 * MiB
 
 
 def test_copies_past_the_budget_are_shared_with_the_cpu(

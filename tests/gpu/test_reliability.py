@@ -19,19 +19,11 @@ from typing import Any
 
 import pytest
 
-from tests.gpu.conftest import GiB, Limits, MiB, release_cache, subprocess_env
+from tests.gpu.conftest import GiB, Limits, MiB, release_cache, rss_bytes, subprocess_env
 
 torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent
-
-
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 def _device_used() -> int:
@@ -111,7 +103,7 @@ def test_soak_1000_steps_memory_flat(torch_mod: Any, um: Any, limits: Limits) ->
         opt.step()
         if step in (200, 1000):
             torch.cuda.synchronize()
-            samples[step] = (_rss(), _device_used(), um.stats()["um.total_managed_bytes"])
+            samples[step] = (rss_bytes(), _device_used(), um.stats()["um.total_managed_bytes"])
     assert torch.isfinite(loss).item()
     after = um.stats()
     (rss0, dev0, man0), (rss1, dev1, man1) = samples[200], samples[1000]
