@@ -1,7 +1,7 @@
 """What it costs to bring fresh managed pages into existence, by route (issue 8, "a
 segment's first use does not pay for fault-driven population"; Listing 1's first run).
 
-    python -m bench.populate_probe [GiB] [--json FILE] [--discards-only]   # on the GPU host
+    python -m bench.populate_probe [GiB] [--json FILE] [--discards-only | --making-only]
 
 Every route takes a fresh ``cudaMallocManaged`` range of GiB (default 2), straight
 through libcudart (the engine is not in the way), and times:
@@ -12,12 +12,17 @@ through libcudart (the engine is not in the way), and times:
 - ``first write``: a GPU kernel (``fill_``) over the whole range right after it;
 - ``again``: the same kernel once more, with every page in place (link speed when the
   range lives in host RAM, HBM speed on the GPU);
+- ``host_pages_made``: how much of the range the populate step left in host RAM, read as
+  the growth of the process's VmRSS (managed host pages count there), so that a route
+  touching one byte per 64 KiB or 2 MiB shows how many pages one CPU fault makes;
 - for the copy routes, a ``cudaMemcpy`` from ordinary pageable host memory into the range
   (Listing 1's ``x_cpu.to("cuda")``), against the same copy into ``cudaMalloc`` memory.
 
-Then (or only, with ``--discards-only``) it checks that data written after a discard
-survives, for host pages made by a prefetch and by CPU writes (``discard_checks``); the
-exit status is 1 if any route lost data.
+With ``--making-only`` only the routes that make host pages run (CPU writes, one byte per
+page or per larger stride, ``madvise(MADV_POPULATE_WRITE)`` from several threads, the
+engine's route). Then (or only, with ``--discards-only``) it checks that data written
+after a discard survives, for host pages made by a prefetch and by CPU writes
+(``discard_checks``); the exit status is 1 if any route lost data.
 
 Host-placed routes set PreferredLocation=host and AccessedBy=GPU first, as the engine
 does. Where each range ended up is read from how long a GPU read of it takes. At most two
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +43,7 @@ from bench.evict_routes import DEVICE, HOST, Cuda, threaded, timed
 
 GiB = 1 << 30
 COPY_DEFAULT = 4  # cudaMemcpyDefault
+MADV_POPULATE_WRITE = 23  # Linux 5.14 and later; EINVAL before
 
 
 class Span:
@@ -87,6 +94,54 @@ def cpu_memset(ptr: int, nbytes: int, threads: int) -> Callable[[], None]:
         return go
 
     return lambda: threaded([part(lo, n) for lo, n in parts(nbytes, threads, 4096)])
+
+
+def cpu_touch(ptr: int, nbytes: int, threads: int, stride: int) -> Callable[[], None]:
+    """Write one byte per ``stride`` bytes from the CPU, a part per thread, as the engine's
+    populateOnHost does with stride = the page size (numpy's strided fill runs without the
+    GIL for a plain dtype)."""
+    import numpy as np
+
+    def part(lo: int, size: int) -> Callable[[], None]:
+        def go() -> None:
+            buf = (ctypes.c_char * size).from_address(ptr + lo)
+            np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)[::stride] = 0
+
+        return go
+
+    return lambda: threaded([part(lo, n) for lo, n in parts(nbytes, threads, max(stride, 4096))])
+
+
+def madvise_populate(ptr: int, nbytes: int, threads: int) -> Callable[[], None]:
+    """``madvise(MADV_POPULATE_WRITE)`` over the range, a 2 MiB-aligned part per thread: the
+    kernel takes the write faults itself, with no return to user space per page. Raises
+    OSError (after every thread is done) where the kernel refuses it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    errors: list[int] = []
+
+    def part(lo: int, size: int) -> Callable[[], None]:
+        def go() -> None:
+            if libc.madvise(ptr + lo, size, MADV_POPULATE_WRITE) != 0:
+                errors.append(ctypes.get_errno())
+
+        return go
+
+    def run() -> None:
+        threaded([part(lo, n) for lo, n in parts(nbytes, threads, 2 << 20)])
+        if errors:
+            raise OSError(errors[0], f"madvise(MADV_POPULATE_WRITE): {os.strerror(errors[0])}")
+
+    return run
+
+
+def rss_bytes() -> int:
+    """VmRSS of this process, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def parallel_prefetch(
@@ -190,12 +245,32 @@ def print_discards(rows: list[dict[str, Any]]) -> None:
         print("discard checks skipped: this libcudart has no cudaMemDiscardBatchAsync")
 
 
+def print_routes(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        if "error" in r:
+            print(f"{r['route']:58s} not run: {r['error']}")
+            continue
+        cells = "  ".join(
+            f"{k} {r[k + '_GBps']:6.1f}" if r[k + "_GBps"] is not None else f"{k}    -  "
+            for k in ("populate", "first_write", "populate_and_write", "again")
+        )
+        made = r["host_pages_made"]
+        print(
+            f"{r['route']:58s} {cells}  GB/s  host pages made {made:4.0%}  on {r['lives_on']}"
+            f"  ok {r['data_ok']}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gib", nargs="?", type=float, default=2.0)
     ap.add_argument("--json", help="write the rows here")
-    ap.add_argument(
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument(
         "--discards-only", action="store_true", help="only check data written after discards"
+    )
+    only.add_argument(
+        "--making-only", action="store_true", help="only the routes that make host pages"
     )
     args = ap.parse_args(argv)
     import torch
@@ -238,7 +313,13 @@ def main(argv: list[str] | None = None) -> int:
         with cuda.fresh(n) as ptr:
             if advice is not None:
                 advice(ptr)
-            t_pop = timed_(populate(ptr)) if populate is not None else None
+            rss0 = rss_bytes()
+            try:
+                t_pop = timed_(populate(ptr)) if populate is not None else None
+            except OSError as e:
+                rows.append({"route": name, "error": str(e)})
+                return
+            made = (rss_bytes() - rss0) / n
             t = view(ptr)
             t_first = timed_(lambda: t.fill_(1.0))
             t_again = timed_(lambda: t.fill_(2.0))
@@ -248,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "route": name,
                 "populate_s": t_pop,
+                "host_pages_made": made,
                 "first_write_s": t_first,
                 "again_s": t_again,
                 "populate_GBps": gbps(n, t_pop),
@@ -262,18 +344,50 @@ def main(argv: list[str] | None = None) -> int:
     def prefetch_to(where: int) -> Callable[[int], Callable[[], None]]:
         return lambda ptr: lambda: cuda.prefetch(ptr, n, where)
 
+    def by_cpu(threads: int) -> Callable[[int], Callable[[], None]]:
+        return lambda ptr: cpu_memset(ptr, n, threads)
+
+    def by_prefetches(threads: int) -> Callable[[int], Callable[[], None]]:
+        return lambda ptr: parallel_prefetch(cuda, ptr, n, HOST, threads)
+
+    def by_touch(threads: int, stride: int) -> Callable[[int], Callable[[], None]]:
+        return lambda ptr: cpu_touch(ptr, n, threads, stride)
+
+    def by_madvise(threads: int) -> Callable[[int], Callable[[], None]]:
+        return lambda ptr: madvise_populate(ptr, n, threads)
+
+    if args.making_only:
+        for threads in (8, 16):
+            route(f"host: CPU memset on {threads} threads", advise_host, by_cpu(threads))
+            route(
+                f"host: one byte per 4 KiB on {threads} threads (the engine)",
+                advise_host,
+                by_touch(threads, 4096),
+            )
+        for stride in (64 << 10, 2 << 20):
+            route(
+                f"host: one byte per {stride >> 10} KiB on 1 thread",
+                advise_host,
+                by_touch(1, stride),
+            )
+        for threads in (1, 8, 16):
+            route(
+                f"host: madvise(MADV_POPULATE_WRITE) on {threads} thread(s)",
+                advise_host,
+                by_madvise(threads),
+            )
+        print_routes(rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"bytes": n, "free_at_start": free, "routes": rows}, f, indent=1)
+        return 0 if all(r.get("data_ok", True) for r in rows) else 1
+
     route("gpu: no advice, written by faults", None, None)
     route("gpu: prefetch to the GPU, then written (PlaceOnDevice)", None, prefetch_to(DEVICE))
     route(
         "host: prefetch to the host, then written (MapHost today)", advise_host, prefetch_to(HOST)
     )
     route("host: advice only, written by faults", advise_host, None)
-
-    def by_cpu(threads: int) -> Callable[[int], Callable[[], None]]:
-        return lambda ptr: cpu_memset(ptr, n, threads)
-
-    def by_prefetches(threads: int) -> Callable[[int], Callable[[], None]]:
-        return lambda ptr: parallel_prefetch(cuda, ptr, n, HOST, threads)
 
     for threads in (1, 4, 8, 16):
         route(
@@ -398,12 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda ptr: cuda.prefetch(ptr, n, HOST),
         )
 
-    for r in rows:
-        cells = "  ".join(
-            f"{k} {r[k + '_GBps']:6.1f}" if r[k + "_GBps"] is not None else f"{k}    -  "
-            for k in ("populate", "first_write", "populate_and_write", "again")
-        )
-        print(f"{r['route']:58s} {cells}  GB/s  on {r['lives_on']}  ok {r['data_ok']}")
+    print_routes(rows)
     for r in copies:
         print(
             f"copy in, {r['route']:44s} first {r['first_GBps']:6.1f}  again "

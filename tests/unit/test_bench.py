@@ -796,6 +796,40 @@ def test_populate_probe_splits_work_into_whole_pages_covering_the_range_once() -
         assert len(spans) <= threads
 
 
+def test_populate_probe_touches_one_byte_per_stride_and_populates_by_madvise() -> None:
+    import ctypes
+    import errno
+    import mmap
+
+    from bench import populate_probe
+
+    # cpu_touch: the first byte of every stride, nothing else, over any split into threads.
+    for size, threads, stride in [
+        (3 * 4096 + 5, 4, 4096),
+        (1 << 20, 16, 4096),
+        (8 << 20, 1, 2 << 20),
+    ]:
+        buf = (ctypes.c_ubyte * size)(*([7] * size))
+        populate_probe.cpu_touch(ctypes.addressof(buf), size, threads, stride)()
+        zeros = [i for i, b in enumerate(buf) if b == 0]
+        assert zeros == list(range(0, size, stride)), (size, threads, stride)
+
+    # madvise_populate: the pages of an untouched anonymous mapping are made (VmRSS grows by
+    # the range), or the kernel's refusal comes back as one OSError.
+    size = 32 << 20
+    m = mmap.mmap(-1, size)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    before = populate_probe.rss_bytes()
+    try:
+        populate_probe.madvise_populate(addr, size, 4)()
+    except OSError as e:
+        assert e.errno == errno.EINVAL and "MADV_POPULATE_WRITE" in str(e)
+    else:
+        assert populate_probe.rss_bytes() - before >= 0.9 * size
+    with pytest.raises(OSError, match="MADV_POPULATE_WRITE"):
+        populate_probe.madvise_populate(addr + 1, 4096, 1)()  # not page-aligned: EINVAL
+
+
 def test_populate_probe_reads_bandwidth_and_placement() -> None:
     from bench import populate_probe
 
@@ -899,7 +933,10 @@ def test_residency_full_speed_compares_modes_at_one_cpu_state() -> None:
     assert fs is not None
     assert fs["canary_limit_s"] == pytest.approx(1.25e-3)  # the warm-up's canary is not counted
     assert fs["modes"]["um"] == {
-        "seconds": 0.037, "steps": 1, "of_steps": 3, "per_floor": pytest.approx(0.037 / 0.024)
+        "seconds": 0.037,
+        "steps": 1,
+        "of_steps": 3,
+        "per_floor": pytest.approx(0.037 / 0.024),
     }
     assert fs["modes"]["um-prev"]["seconds"] == pytest.approx(0.040)
     assert fs["modes"]["um-prev"]["steps"] == 3
@@ -994,7 +1031,17 @@ def test_residency_record_is_kept_after_each_worker_until_the_run_ends(
 
     monkeypatch.setattr(residency, "run_worker_safely", fake_worker)
     residency.main(
-        ["train", "--modes", "stock,um", "--rounds", "2", "--budget", "1GiB", "--out", str(tmp_path)]
+        [
+            "train",
+            "--modes",
+            "stock,um",
+            "--rounds",
+            "2",
+            "--budget",
+            "1GiB",
+            "--out",
+            str(tmp_path),
+        ]
     )
     assert seen[0] is None  # nothing is written before a mode's worker has finished
     assert [r["partial"] for r in seen[1:] if r] == [
