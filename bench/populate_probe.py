@@ -39,7 +39,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from bench.evict_routes import DEVICE, HOST, Cuda, threaded, timed
+from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, threaded, timed
 
 GiB = 1 << 30
 COPY_DEFAULT = 4  # cudaMemcpyDefault
@@ -248,7 +248,7 @@ def print_discards(rows: list[dict[str, Any]]) -> None:
 def print_routes(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if "error" in r:
-            print(f"{r['route']:58s} not run: {r['error']}")
+            print(f"{r['route']:72s} not run: {r['error']}")
             continue
         cells = "  ".join(
             f"{k} {r[k + '_GBps']:6.1f}" if r[k + "_GBps"] is not None else f"{k}    -  "
@@ -256,7 +256,7 @@ def print_routes(rows: list[dict[str, Any]]) -> None:
         )
         made = r["host_pages_made"]
         print(
-            f"{r['route']:58s} {cells}  GB/s  host pages made {made:4.0%}  on {r['lives_on']}"
+            f"{r['route']:72s} {cells}  GB/s  host pages made {made:4.0%}  on {r['lives_on']}"
             f"  ok {r['data_ok']}"
         )
 
@@ -356,7 +356,40 @@ def main(argv: list[str] | None = None) -> int:
     def by_madvise(threads: int) -> Callable[[int], Callable[[], None]]:
         return lambda ptr: madvise_populate(ptr, n, threads)
 
+    def prefer_host(ptr: int) -> None:
+        cuda.advise(ptr, n, PREFERRED, HOST)
+
+    def then_accessed_by(
+        populate: Callable[[int], Callable[[], None]],
+    ) -> Callable[[int], Callable[[], None]]:
+        """The populate step, then AccessedBy=GPU over the populated range (the GPU's
+        mappings made in one call rather than by its faults)."""
+
+        def go(ptr: int) -> Callable[[], None]:
+            def run() -> None:
+                populate(ptr)()
+                cuda.advise(ptr, n, ACCESSED_BY, DEVICE)
+
+            return run
+
+        return go
+
     if args.making_only:
+        # Which advice the CPU faults run under: none, PreferredLocation=host only (a
+        # managed CPU tensor, Engine::allocHost), or both (MapHost, advise_host below).
+        route("host: no advice, one byte per 4 KiB on 8 threads", None, by_touch(8, 4096))
+        for threads in (8, 16):
+            route(
+                f"host: PreferredLocation only, one byte per 4 KiB on {threads} threads",
+                prefer_host,
+                by_touch(threads, 4096),
+            )
+            route(
+                f"host: PreferredLocation, one byte per 4 KiB on {threads} threads, then "
+                "AccessedBy",
+                prefer_host,
+                then_accessed_by(by_touch(threads, 4096)),
+            )
         for threads in (8, 16):
             route(f"host: CPU memset on {threads} threads", advise_host, by_cpu(threads))
             route(
@@ -364,13 +397,13 @@ def main(argv: list[str] | None = None) -> int:
                 advise_host,
                 by_touch(threads, 4096),
             )
-        for stride in (64 << 10, 2 << 20):
+        for stride, threads in [(64 << 10, 1), (64 << 10, 16), (2 << 20, 1), (2 << 20, 16)]:
             route(
-                f"host: one byte per {stride >> 10} KiB on 1 thread",
+                f"host: one byte per {stride >> 10} KiB on {threads} thread(s)",
                 advise_host,
-                by_touch(1, stride),
+                by_touch(threads, stride),
             )
-        for threads in (1, 8, 16):
+        for threads in (1, 16):
             route(
                 f"host: madvise(MADV_POPULATE_WRITE) on {threads} thread(s)",
                 advise_host,
