@@ -13,6 +13,7 @@ a device budget far below free memory, never against physical memory.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +32,11 @@ def rss_bytes() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def cudart() -> ctypes.CDLL:
+    """The CUDA runtime torch has loaded (found by soname), for what torch does not expose."""
+    return ctypes.CDLL("libcudart.so.13")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,11 +9,12 @@ still reach is copied, never aliased behind their backs.
 from __future__ import annotations
 
 import copy
+import ctypes
 from typing import Any
 
 import pytest
 
-from tests.gpu.conftest import Limits, MiB, rss_bytes
+from tests.gpu.conftest import Limits, MiB, cudart, rss_bytes
 
 torch = pytest.importorskip("torch")
 
@@ -21,6 +22,22 @@ torch = pytest.importorskip("torch")
 def _reference(n: int, seed: int) -> Any:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, generator=g)
+
+
+def _accessed_by(t: Any) -> set[int]:
+    """The devices with AccessedBy advice over the whole of a tensor's storage
+    (cudaMemRangeGetAttribute(cudaMemRangeAttributeAccessedBy))."""
+    ids = (ctypes.c_int * 8)()
+    st = t.untyped_storage()
+    rc = cudart().cudaMemRangeGetAttribute(
+        ids,
+        ctypes.c_size_t(ctypes.sizeof(ids)),
+        ctypes.c_int(3),  # cudaMemRangeAttributeAccessedBy
+        ctypes.c_void_p(st.data_ptr()),
+        ctypes.c_size_t(st.nbytes()),
+    )
+    assert rc == 0, f"cudaMemRangeGetAttribute failed: {rc}"
+    return {d for d in ids if d >= 0}  # unused entries read cudaInvalidDeviceId (-2)
 
 
 def _managed(n: int, seed: int, um: Any) -> Any:
@@ -193,18 +210,26 @@ def test_copies_of_managed_host_memory_run_as_a_kernel(torch_mod: Any, um: Any) 
 def test_large_managed_cpu_tensors_get_their_pages_at_allocation(torch_mod: Any, um: Any) -> None:
     """Note [Host pages are populated by CPU threads] (HostMemory.cpp): a managed CPU tensor
     of 128 MiB or more holds its host pages when torch.empty returns (the process's resident
-    memory has grown by its size); a smaller one gets them when first written."""
+    memory has grown by its size), mapped for the current GPU before they were made (Note [A
+    host allocation is mapped before its pages are made]); a smaller one gets its pages when
+    first written and its mapping at its first kernel copy."""
     n = 256 * MiB
+    device = torch.cuda.current_device()
     before = rss_bytes()
     with um.managed_host():
         big = torch.empty(n, dtype=torch.uint8)
     assert um.is_managed(big)
     assert rss_bytes() - before >= 0.9 * n
+    assert _accessed_by(big) == {device}
     before = rss_bytes()
     with um.managed_host():
         small = torch.empty(64 * MiB, dtype=torch.uint8)
     assert um.is_managed(small)
     assert rss_bytes() - before < 32 * MiB
+    assert _accessed_by(small) == set()
+    small.fill_(3)
+    assert int(small.to("cuda").sum().item()) == 3 * 64 * MiB
+    assert _accessed_by(small) == {device}  # mapped at its first kernel copy
 
 
 def test_copies_past_the_budget_are_shared_with_the_cpu(

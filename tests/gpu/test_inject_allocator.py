@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from tests.gpu.conftest import GiB, Limits, MiB, release_cache, run_threads, stream_fuzz
+from tests.gpu.conftest import (
+    GiB,
+    Limits,
+    MiB,
+    cudart,
+    release_cache,
+    run_threads,
+    stream_fuzz,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -29,15 +37,11 @@ class _PointerAttributes(ctypes.Structure):
     ]
 
 
-def _cudart() -> ctypes.CDLL:
-    return ctypes.CDLL("libcudart.so.13")  # already loaded by torch: found by soname
-
-
 def range_attribute(t: torch.Tensor, attribute: int) -> int:
     """cudaMemRangeGetAttribute of a tensor's storage (a device index, or -1 for host)."""
     value = ctypes.c_int(-99)
     st = t.untyped_storage()
-    rc = _cudart().cudaMemRangeGetAttribute(
+    rc = cudart().cudaMemRangeGetAttribute(
         ctypes.byref(value),
         ctypes.c_size_t(4),
         ctypes.c_int(attribute),
@@ -51,7 +55,7 @@ def range_attribute(t: torch.Tensor, attribute: int) -> int:
 def memory_type(ptr: int) -> int:
     """cudaPointerGetAttributes(ptr).type, asked of the CUDA runtime directly."""
     attrs = _PointerAttributes()
-    rc = _cudart().cudaPointerGetAttributes(ctypes.byref(attrs), ctypes.c_void_p(ptr))
+    rc = cudart().cudaPointerGetAttributes(ctypes.byref(attrs), ctypes.c_void_p(ptr))
     assert rc == 0, f"cudaPointerGetAttributes failed: {rc}"
     return attrs.type
 

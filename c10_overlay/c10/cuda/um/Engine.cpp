@@ -567,8 +567,18 @@ void* Engine::allocHost(size_t size) {
       (void)cudaFree(ptr);
     }
   }
+  uint64_t mapped_for = 0;
   if (err == cudaSuccess && size >= kPopulateMinHostAlloc) {
     // Nobody holds it yet (Note [Host pages are populated by CPU threads]).
+    // The current device's mappings first, made with the pages for nothing
+    // (Note [A host allocation is mapped before its pages are made]).
+    if (device < kMappedDevices &&
+        compat::advise(ptr, size, cudaMemAdviseSetAccessedBy, device) ==
+            cudaSuccess) {
+      mapped_for = uint64_t{1} << device;
+    } else {
+      (void)cudaGetLastError(); // left to mapHostFor at the first copy
+    }
     populateOnHost({ptr}, {size});
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -578,7 +588,7 @@ void* Engine::allocHost(size_t size) {
     ++host_fallbacks_;
     return nullptr;
   }
-  host_[reinterpret_cast<uintptr_t>(ptr)] = HostAllocation{size, -1};
+  host_[reinterpret_cast<uintptr_t>(ptr)] = HostAllocation{size, -1, mapped_for};
   host_bytes_ += size;
   peak_managed_bytes_ = std::max(peak_managed_bytes_, managed_bytes_);
   return ptr;

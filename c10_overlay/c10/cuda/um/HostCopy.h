@@ -16,10 +16,11 @@
 // first use, and shared with the weight streamer).
 //
 // The host allocation is mapped into the GPU's page tables (AccessedBy) at
-// its first kernel copy for that GPU: host_alloc's pages are made by the CPU
-// and carry only PreferredLocation=host, so without the mapping the kernel's
-// first read faults each page in, and Listing 1's first copy in took 6.4 s
-// instead of the driver's 1.7 (step 43).
+// its first kernel copy for that GPU, unless allocHost mapped it for that GPU
+// before making its pages (Note [A host allocation is mapped before its pages
+// are made], HostMemory.cpp): without the mapping the kernel's first read
+// faults each page in, and Listing 1's first copy in took 6.4 s instead of
+// the driver's 1.7 (step 43).
 //
 // What the caller sees does not change. A cudaMemcpyAsync from or to
 // pageable memory returns once the copy no longer needs the host buffer

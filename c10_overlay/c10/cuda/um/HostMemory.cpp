@@ -87,6 +87,20 @@ std::optional<uint64_t> cgroupRoom() {
 //     writer alone makes them at 2.3.
 // If a thread cannot be started, the calling thread touches that part
 // itself.
+//
+// Note [A host allocation is mapped before its pages are made]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A GPU reaches host-placed managed pages through its own page tables, which
+// AccessedBy=GPU fills. Set before the CPU makes the pages, it costs nothing
+// we can measure: each CPU fault maps the new page for the GPU too (2 GiB,
+// 8-16 threads: 11.9-13.6 GB/s with AccessedBy set first, 12.1-12.6 with
+// PreferredLocation alone; bench.populate_probe --making-only, bench/README.md
+// "Prediction, step 45"). Set after, it walks pages that already exist, at
+// about 25 GB/s (0.08 s per 2 GiB); left to the GPU's faults, 1.7-2.6 GB/s.
+// So MapHost advises before populateOnHost, and Engine::allocHost maps a
+// managed CPU tensor it populates for the current device before making its
+// pages; mapHostFor does it for any other device at that device's first
+// kernel copy (Note [Copies of managed host memory by kernel], HostCopy.h).
 constexpr size_t kPopulateThreads = 8;
 constexpr size_t kPopulatePart = 64ull << 20;
 
