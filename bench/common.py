@@ -337,6 +337,7 @@ PATH_OPTIONS = {
     "--prev-pythonpath": "PREV",
     "--out": "OUT",
     "--workdir": "WORKDIR",
+    "--json": "FILE",  # a probe's output file
 }
 
 

@@ -39,6 +39,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from bench.common import command_line, machine
 from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, threaded, timed
 
 GiB = 1 << 30
@@ -412,7 +413,17 @@ def main(argv: list[str] | None = None) -> int:
         print_routes(rows)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"bytes": n, "free_at_start": free, "routes": rows}, f, indent=1)
+                json.dump(
+                    {
+                        "command": command_line("bench.populate_probe"),
+                        "machine": machine(torch),
+                        "bytes": n,
+                        "free_at_start": free,
+                        "routes": rows,
+                    },
+                    f,
+                    indent=1,
+                )
         return 0 if all(r.get("data_ok", True) for r in rows) else 1
 
     route("gpu: no advice, written by faults", None, None)
@@ -560,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(
                 {
+                    "command": command_line("bench.populate_probe"),
+                    "machine": machine(torch),
                     "bytes": n,
                     "free_at_start": free,
                     "routes": rows,
