@@ -218,11 +218,7 @@ def test_ledger_trace_replays_to_the_engines_counters(
     um_src = ROOT / "c10_overlay" / "c10" / "cuda" / "um"
     exe = build_engine_test(
         tmp_path / "ledger_replay",
-        [
-            ROOT / "bench" / "ledger_replay.cpp",
-            um_src / "Residency.cpp",
-            um_src / "LedgerTrace.cpp",
-        ],
+        [ROOT / "bench" / "ledger_replay.cpp", um_src / "Residency.cpp", um_src / "LedgerTrace.cpp"],
         "-O2",
     )
     keys = ("discard_bytes", "reuse_bytes", "evict_bytes", "touch_prefetch_bytes")

@@ -58,9 +58,7 @@ def test_data_survives_eviction_discard_and_reuse(torch_mod: Any, um: Any, limit
         peak_resident = max(peak_resident, _on_device(um))
         assert _on_device(um) <= BUDGET, f"{_on_device(um)} bytes on the device, budget {BUDGET}"
     after = um.stats()
-    moved = {
-        k: after[k] - before[k] for k in ("um.evict_bytes", "um.discard_bytes", "um.reuse_bytes")
-    }
+    moved = {k: after[k] - before[k] for k in ("um.evict_bytes", "um.discard_bytes", "um.reuse_bytes")}
     print(f"[um] residency: peak on device {peak_resident / MiB:.0f} MiB, moved {moved}")
     assert moved["um.evict_bytes"] > 0, "nothing was evicted: the test did not oversubscribe"
     assert moved["um.discard_bytes"] > 0 and moved["um.reuse_bytes"] > 0
@@ -68,9 +66,7 @@ def test_data_survives_eviction_discard_and_reuse(torch_mod: Any, um: Any, limit
     assert after["um.events_attached"] == 1
 
 
-def test_threads_streams_record_stream_under_budget(
-    torch_mod: Any, um: Any, limits: Limits
-) -> None:
+def test_threads_streams_record_stream_under_budget(torch_mod: Any, um: Any, limits: Limits) -> None:
     _tiny_budget(um)
     sizes = [7, 4099, 1 << 16, 1 << 20, 3 << 20, 9 << 20]
     errors = run_threads(lambda i: stream_fuzz(i, 200, sizes), 4)
@@ -221,11 +217,9 @@ def test_training_under_budget_matches_in_memory(torch_mod: Any, um: Any, limits
     under = _train_losses(6)
     after = um.stats()
     print(f"[um] training losses in memory {in_memory}\n[um] under the budget {under}")
-    print(
-        f"[um] evicted {(after['um.evict_bytes'] - before['um.evict_bytes']) / GiB:.2f} GiB, "
-        f"discarded {(after['um.discard_bytes'] - before['um.discard_bytes']) / GiB:.2f} GiB, "
-        f"touches {after['um.touches'] - before['um.touches']}"
-    )
+    print(f"[um] evicted {(after['um.evict_bytes'] - before['um.evict_bytes']) / GiB:.2f} GiB, "
+          f"discarded {(after['um.discard_bytes'] - before['um.discard_bytes']) / GiB:.2f} GiB, "
+          f"touches {after['um.touches'] - before['um.touches']}")
     assert after["um.evict_bytes"] > before["um.evict_bytes"]
     assert under == pytest.approx(in_memory, rel=1e-4, abs=1e-5)
     assert _on_device(um) <= BUDGET
@@ -296,29 +290,15 @@ def _small_decoder(kind: str) -> Any:
     transformers = pytest.importorskip("transformers")
     if kind == "gpt2":
         config = transformers.GPT2Config(
-            n_layer=6,
-            n_embd=512,
-            n_head=8,
-            vocab_size=4096,
-            n_positions=256,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            use_cache=False,
+            n_layer=6, n_embd=512, n_head=8, vocab_size=4096, n_positions=256,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
             attn_implementation="eager",
         )
         return transformers.GPT2LMHeadModel(config)
     config = transformers.LlamaConfig(
-        hidden_size=512,
-        intermediate_size=1408,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=4096,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        use_cache=False,
-        attn_implementation="eager",
+        hidden_size=512, intermediate_size=1408, num_hidden_layers=6, num_attention_heads=8,
+        num_key_value_heads=2, vocab_size=4096, max_position_embeddings=256,
+        tie_word_embeddings=False, use_cache=False, attn_implementation="eager",
     )
     return transformers.LlamaForCausalLM(config)
 
@@ -335,9 +315,8 @@ def test_decoder_training_with_predict_is_bit_exact(
         torch.manual_seed(5)
         model = _small_decoder(kind).cuda().train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        ids = torch.randint(
-            0, 4096, (16, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(6)
-        )
+        ids = torch.randint(0, 4096, (16, 256), device="cuda",
+                            generator=torch.Generator("cuda").manual_seed(6))
         losses = []
         for _ in range(6):
             opt.zero_grad(set_to_none=True)
@@ -391,7 +370,9 @@ def _in_memory_then_past_budget(um: Any, make: Any) -> tuple[list[float], list[A
 
 
 @pytest.mark.parametrize("name", sorted(STAGED_OPTIMIZERS))
-def test_optimizer_staging_is_bit_exact(torch_mod: Any, um: Any, limits: Limits, name: str) -> None:
+def test_optimizer_staging_is_bit_exact(
+    torch_mod: Any, um: Any, limits: Limits, name: str
+) -> None:
     """Note [Optimizer state staging]: past the budget, the optimizer's state is staged on
     the device chunk by chunk for its step. The weights after eight steps (with an LR
     scheduler) are bit for bit those of the run in memory; a program's own step hook
@@ -486,10 +467,8 @@ def _bucketed_run(um: Any = None) -> tuple[list[Any], int]:
             _await_hooks(um)  # the first step ran past the budget: the watcher installs them
         flat.zero_()
         model(x).pow(2).mean().backward()
-        assert all(
-            p.grad.data_ptr() == v.data_ptr()
-            for p, v in zip(params, flat.split([p.numel() for p in params]), strict=True)
-        ), "a gradient left the flat storage"
+        assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(params, flat.split(
+            [p.numel() for p in params]), strict=True)), "a gradient left the flat storage"
         before = 0
         if um is not None:
             um.prefetch(flat, "cpu")
@@ -539,20 +518,16 @@ def _ddp_run(store: str, um: Any = None, keep_grad: bool = False) -> list[Any]:
     dist.init_process_group("nccl", store=dist.FileStore(store, 1), rank=0, world_size=1)
     try:
         torch.manual_seed(11)
-        blocks = [
-            torch.nn.Sequential(torch.nn.Linear(1536, 1536), torch.nn.Tanh()) for _ in range(6)
-        ]
+        blocks = [torch.nn.Sequential(torch.nn.Linear(1536, 1536), torch.nn.Tanh())
+                  for _ in range(6)]
         model = torch.nn.Sequential(*blocks).cuda()
         ddp = torch.nn.parallel.DistributedDataParallel(
-            model,
-            device_ids=[torch.cuda.current_device()],
-            gradient_as_bucket_view=True,
+            model, device_ids=[torch.cuda.current_device()], gradient_as_bucket_view=True,
             bucket_cap_mb=16,
         )
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-        x = torch.randn(
-            4096, 1536, device="cuda", generator=torch.Generator("cuda").manual_seed(12)
-        )
+        x = torch.randn(4096, 1536, device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(12))
         kept: list[Any] = []
         reads: list[float] = []
 
@@ -641,12 +616,8 @@ def test_compiled_training_with_predict_matches_in_memory(
     def run() -> list[float]:
         torch.manual_seed(3)
         model = torch.nn.Sequential(
-            *[
-                torch.nn.Sequential(
-                    torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)
-                )
-                for _ in range(6)
-            ]
+            *[torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
+                                  torch.nn.Linear(4096, 1024)) for _ in range(6)]
         ).cuda()
         step_model = torch.compile(model)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -681,12 +652,8 @@ def _mlp(seed: int, blocks: int = 6) -> tuple[torch.nn.Module, torch.Tensor]:
     (nn.TransformerEncoderLayer's inference fast path runs its children's math without their
     forwards, so without their hooks)."""
     torch.manual_seed(seed)
-    layers = [
-        torch.nn.Sequential(
-            torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)
-        )
-        for _ in range(blocks)
-    ]
+    layers = [torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024))
+              for _ in range(blocks)]
     return torch.nn.Sequential(*layers).cuda().eval(), torch.randn(256, 1024, device="cuda")
 
 
@@ -785,12 +752,8 @@ def _nudged(seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
     takes its first call: _um_plan.spread_order) adds to its weight in place, so each
     forward reads what the one before wrote (a call that writes a streamed parameter)."""
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        *[
-            torch.nn.Linear(1024, 4096) if i % 2 == 0 else torch.nn.Linear(4096, 1024)
-            for i in range(14)
-        ]
-    )
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 4096) if i % 2 == 0
+                                  else torch.nn.Linear(4096, 1024) for i in range(14)])
 
     def nudge(module: torch.nn.Module, args: object) -> None:
         with torch.no_grad():
@@ -842,9 +805,7 @@ def test_inference_streams_weights_by_copy_and_matches_in_memory(
     elif copy_sms == "auto" and green:
         want = _um_streams.auto_copy_sms(0)
     assert stats["predict.stream_copy_sms"] == want, (
-        stats["predict.stream_copy_sms"],
-        _um_copy.failures,
-        _um_streams.green_failures,
+        stats["predict.stream_copy_sms"], _um_copy.failures, _um_streams.green_failures
     )
     lean_copies = stats["predict.stream_lean_copies"] - lean_before
     assert (lean_copies > 0) == (copy_sms != 0 and lean), (lean_copies, _um_copy.failures)
@@ -927,14 +888,10 @@ def _lean_copies_checked(lean: Any, um: Any) -> None:
                     assert lean.copy(dst[do : do + n], src[so : so + n], stream.cuda_stream, 2)
                 torch.cuda.current_stream().wait_stream(stream)
                 assert torch.equal(dst[do : do + n], src[so : so + n]), (so, do, n)
-                assert (
-                    int(dst[:do].count_nonzero()) == 0 and int(dst[do + n :].count_nonzero()) == 0
-                )
+                assert int(dst[:do].count_nonzero()) == 0 and int(dst[do + n :].count_nonzero()) == 0
                 checked += 1
     # Strided tensors and sizes that differ are left to foreach.
-    assert not lean.copy(
-        dst[: 2 * 64].view(2, 64)[:, :32], src[:64].view(2, 32), stream.cuda_stream, 2
-    )
+    assert not lean.copy(dst[: 2 * 64].view(2, 64)[:, :32], src[:64].view(2, 32), stream.cuda_stream, 2)
     assert not lean.copy(dst[:10], src[:11], stream.cuda_stream, 2)
     torch.cuda.synchronize()
     assert checked == 81
@@ -976,9 +933,7 @@ def _streams_weights(um: Any, held_before: int) -> None:
         assert torch.equal(got, expect_halved)  # the copies are of the weights as they are
         for _ in range(3):
             model(x)
-    assert (
-        um.predict_stats()["predict.stream_streamed_bytes"] > mid["predict.stream_streamed_bytes"]
-    )
+    assert um.predict_stats()["predict.stream_streamed_bytes"] > mid["predict.stream_streamed_bytes"]
     assert _on_device(um) <= 160 * MiB
     # empty_cache gives the streamer's ring (32 MiB, kept between forwards) back too, at
     # once: nothing of this test stays allocated for the next one to build on.
@@ -1018,11 +973,9 @@ def test_inference_read_only_copies(torch_mod: Any, um: Any, limits: Limits) -> 
         got = model(x).float()
     assert torch.equal(got, expect_halved)
     assert _on_device(um) <= 128 * MiB
-    print(
-        f"[um] inference: duplicated {(mid['um.duplicate_bytes'] - before['um.duplicate_bytes']) / MiB:.0f} MiB, "
-        f"dropped {(mid['um.drop_bytes'] - before['um.drop_bytes']) / MiB:.0f} MiB, "
-        f"evicted {(mid['um.evict_bytes'] - before['um.evict_bytes']) / MiB:.0f} MiB"
-    )
+    print(f"[um] inference: duplicated {(mid['um.duplicate_bytes'] - before['um.duplicate_bytes']) / MiB:.0f} MiB, "
+          f"dropped {(mid['um.drop_bytes'] - before['um.drop_bytes']) / MiB:.0f} MiB, "
+          f"evicted {(mid['um.evict_bytes'] - before['um.evict_bytes']) / MiB:.0f} MiB")
 
 
 def _llama(seed: int, cache: str) -> Any:
@@ -1033,15 +986,9 @@ def _llama(seed: int, cache: str) -> Any:
     so after the first step only kernels reach it, never a block event or a hook."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
-        vocab_size=8192,
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        attn_implementation="eager",
-        pad_token_id=0,
+        vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+        attn_implementation="eager", pad_token_id=0,
     )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).cuda().eval()
@@ -1053,17 +1000,11 @@ def _llama(seed: int, cache: str) -> Any:
 
 
 def _generated(model: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    ids = torch.randint(
-        1, 8192, (4, 96), device="cuda", generator=torch.Generator("cuda").manual_seed(9)
-    )
+    ids = torch.randint(1, 8192, (4, 96), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(9))
     out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=24,
-        do_sample=False,
-        output_scores=True,
-        return_dict_in_generate=True,
-        pad_token_id=0,
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+        output_scores=True, return_dict_in_generate=True, pad_token_id=0,
     )
     return out.sequences, [s.float() for s in out.scores]
 
@@ -1084,9 +1025,8 @@ def test_generate_with_kv_cache_past_budget_matches_in_memory(
         expect_ids, expect_scores = _generated(_llama(4, cache))
     except (ValueError, NotImplementedError, TypeError) as e:  # an older transformers
         pytest.skip(f"this transformers cannot generate with a {cache} cache: {e}")
-    model = _built_past_budget(
-        um, 256 * MiB, lambda seed: (_llama(seed, cache), None), 4, predict=True
-    )[0]
+    model = _built_past_budget(um, 256 * MiB, lambda seed: (_llama(seed, cache), None), 4,
+                               predict=True)[0]
     before = um.predict_stats()
     ids, scores = _generated(model)
     ids_again, scores_again = _generated(model)
