@@ -292,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump({"bytes": min(n, 256 << 20), "discards": discards}, f, indent=1)
         return 1 if any(r["wrong_elements"] for r in discards) else 0
 
+    def save(path: str, **parts: Any) -> None:
+        """The record: how it was run, where, the range size, then the probe's rows."""
+        head = {"command": command_line("bench.populate_probe"), "machine": machine(torch)}
+        with open(path, "w") as f:
+            json.dump({**head, "bytes": n, "free_at_start": free, **parts}, f, indent=1)
+
     def timed_(fn: Callable[[], object]) -> float:
         return timed(cuda, fn)
 
@@ -412,18 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print_routes(rows)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(
-                    {
-                        "command": command_line("bench.populate_probe"),
-                        "machine": machine(torch),
-                        "bytes": n,
-                        "free_at_start": free,
-                        "routes": rows,
-                    },
-                    f,
-                    indent=1,
-                )
+            save(args.json, routes=rows)
         return 0 if all(r.get("data_ok", True) for r in rows) else 1
 
     route("gpu: no advice, written by faults", None, None)
@@ -568,22 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     print_discards(discards)
     ok = all(r["data_ok"] for r in rows + copies) and not any(r["wrong_elements"] for r in discards)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "command": command_line("bench.populate_probe"),
-                    "machine": machine(torch),
-                    "bytes": n,
-                    "free_at_start": free,
-                    "routes": rows,
-                    "copies": copies,
-                    "after": later,
-                    "discards": discards,
-                    "data_ok": ok,
-                },
-                f,
-                indent=1,
-            )
+        save(args.json, routes=rows, copies=copies, after=later, discards=discards, data_ok=ok)
     return 0 if ok else 1
 
 
