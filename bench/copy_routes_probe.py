@@ -19,6 +19,11 @@ probe asks, for one device budget that holds the GPU tensor, what each route car
   directions of the link at once);
 - ``--split``: the same copy by the CPU's threads (torch's CPU ``copy_``, no link), and
   split between the kernel (the first part) and the CPU (the rest) at once;
+- ``--both-ways``: a copy in and a copy out of different tensors at once, each on its own
+  stream, by torch's copy (``memcpy``: the copy engines for page-locked memory, the
+  engine's kernel for managed) and by two lean kernels of N blocks each, for page-locked
+  and managed host memory: whether the half duplex step 12 measured is the link's or the
+  routes';
 
 for the pairs: managed host memory to the GPU (``h2d-managed``) and back (``d2h-managed``),
 and as references ordinary pageable memory (``h2d-pageable``, ``d2h-pageable``: memcpy
@@ -27,7 +32,8 @@ Each route's copy is checked against its source. GB/s is the best of ``--reps``.
 
 The total-managed cap is 80 % of the free memory read at start (design notes, section 4),
 and the probe's managed memory (three tensors of ``--gib``, four with ``--duplex``) must
-fit under it (one more with ``--split``). Prints a table and one ``BENCH_RESULT`` JSON line.
+fit under it (one more with ``--split``, one more with ``--both-ways``). Prints a table
+and one ``BENCH_RESULT`` JSON line.
 """
 
 from __future__ import annotations
@@ -152,6 +158,68 @@ def duplex_copies(
     return rows
 
 
+BOTH_WAYS_BLOCKS = (2, 8, 32)
+
+
+def both_ways_copies(
+    torch: Any, copier: Any, hosts: dict[str, tuple[Any, Any]], dev: Any, dev_src: Any, reps: int
+) -> list[dict[str, Any]]:
+    """For each kind of host memory (``hosts``: kind -> (source, destination), both CPU
+    tensors of ``dev``'s size): the copy in (source -> ``dev``) on one stream and the copy out
+    (``dev_src`` -> destination) on another, started together; GB/s each way is the bytes
+    of one direction over the time both take. Step 12 read 26 GB/s each way for copies and
+    for torch's copy kernels (bench/README.md, "the link is half duplex") where one
+    direction alone runs at 51-52; step 44's lean kernel moved 42 GB/s each way when one
+    kernel did both. A lean kernel of few blocks leaves SMs to the other one, so that two
+    of them can run at once (a kernel of every SM's worth of blocks may start only after
+    the other's blocks have left)."""
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+
+    def together(launch: Callable[[], None]) -> None:
+        """The copy in on streams[0] and the copy out on streams[1], after the current
+        stream's work and before its next."""
+        for stream in streams:
+            stream.wait_stream(torch.cuda.current_stream())
+        launch()
+        for stream in streams:
+            torch.cuda.current_stream().wait_stream(stream)
+
+    def memcpy(src: Any, dst: Any) -> Callable[[], object]:
+        def go() -> None:
+            with torch.cuda.stream(streams[0]):
+                dev.copy_(src, non_blocking=True)
+            with torch.cuda.stream(streams[1]):
+                dst.copy_(dev_src, non_blocking=True)
+
+        return lambda: together(go)
+
+    def lean(src: Any, dst: Any, blocks: int) -> Callable[[], object]:
+        def go() -> None:
+            copier.copy(dev, src, streams[0].cuda_stream, blocks)
+            copier.copy(dst, dev_src, streams[1].cuda_stream, blocks)
+
+        return lambda: together(go)
+
+    rows = []
+    for kind, (src, dst) in hosts.items():
+        routes = {"memcpy": memcpy(src, dst)}
+        if copier is not None:
+            routes.update({f"lean{b} x 2": lean(src, dst, b) for b in BOTH_WAYS_BLOCKS})
+        for route, fn in routes.items():
+            dev.zero_()
+            dst.fill_(0)
+            sec = timed(torch, fn, reps)
+            ok = bool(torch.equal(dev.cpu(), src) and torch.equal(dst, dev_src.cpu()))
+            rate = src.nbytes / sec / 1e9
+            rows.append(
+                {"host": kind, "route": route, "s": sec, "gbps_each_way": rate, "equal": ok}
+            )
+            print(
+                f"both ways {kind:8} {route:20} {rate:7.1f} GB/s each way  equal={ok}", flush=True
+            )
+    return rows
+
+
 SPLIT_CPU_PARTS = (0.0, 0.15, 0.25, 0.35, 0.5, 1.0)
 
 
@@ -213,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also that copy by CPU threads, and split between the kernel and the CPU",
     )
+    ap.add_argument(
+        "--both-ways",
+        action="store_true",
+        help="also a copy in and a copy out at once, on two streams, by each route",
+    )
     a = ap.parse_args(argv)
     if a.gib <= 0 or a.reps < 1:
         ap.error("--gib takes a positive size, --reps a count of at least 1")
@@ -222,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     um = um_module(torch, "um")
     free, _total, cap = safe_cap(torch)
     n = int(a.gib * GiB) // 16 * 16
-    tensors = 3 + int(a.duplex) + int(a.split)
+    tensors = 3 + int(a.duplex) + int(a.split) + int(a.both_ways)
     if tensors * n > cap:
         raise BenchError(
             f"--gib {a.gib}: {tensors} tensors of it exceed the managed cap ({cap / GiB:.1f} GiB)"
@@ -275,12 +348,26 @@ def main(argv: list[str] | None = None) -> int:
     first = first_copies(torch, um, n, dev, dev_src) if a.first else []
     duplex = duplex_copies(torch, um, copier, kinds["managed"], stream, a.reps) if a.duplex else []
     split = split_copies(torch, um, copier, kinds["managed"], stream, a.reps) if a.split else []
+    both_ways: list[dict[str, Any]] = []
+    if a.both_ways:
+        um.configure(host_alloc="managed")
+        managed_dst = torch.empty(n, dtype=torch.uint8)
+        um.configure(host_alloc="default")
+        managed_dst.fill_(0)  # its pages made by the CPU, as the source's were
+        for t in (kinds["managed"], managed_dst):
+            _prepare(torch, um, t, "advise")
+        hosts = {
+            "pinned": (kinds["pinned"], torch.empty(n, dtype=torch.uint8, pin_memory=True)),
+            "managed": (kinds["managed"], managed_dst),
+        }
+        both_ways = both_ways_copies(torch, copier, hosts, dev, dev_src, a.reps)
     emit(
         {
             "probe": "copy_routes_probe",
             "first": first,
             "duplex": duplex,
             "split": split,
+            "both_ways": both_ways,
             "bytes": n,
             "free_at_start": free,
             "cap": cap,

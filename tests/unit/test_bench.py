@@ -1073,3 +1073,74 @@ def test_repository_state_prefers_the_commit_it_is_told(monkeypatch: pytest.Monk
     if head.returncode != 0:
         pytest.skip("not a git checkout")
     assert rev == head.stdout.strip() and isinstance(modified, bool)
+
+
+def test_copy_routes_both_ways_puts_each_direction_on_its_own_stream() -> None:
+    import contextlib
+    import types
+
+    from bench import copy_routes_probe
+
+    calls: list[tuple[object, ...]] = []
+    current = [0]
+
+    class Stream:
+        made = 0
+
+        def __init__(self) -> None:
+            Stream.made += 1
+            self.cuda_stream = Stream.made
+
+        def wait_stream(self, other: object) -> None:
+            pass
+
+    class Tensor:
+        def __init__(self, name: str) -> None:
+            self.name, self.nbytes = name, 1 << 20
+
+        def copy_(self, src: Tensor, non_blocking: bool = False) -> None:
+            calls.append(("copy", self.name, src.name, current[0]))
+
+        def zero_(self) -> None:
+            pass
+
+        def fill_(self, value: int) -> None:
+            pass
+
+        def cpu(self) -> Tensor:
+            return self
+
+    @contextlib.contextmanager
+    def on(stream: Stream) -> Any:
+        before, current[0] = current[0], stream.cuda_stream
+        yield
+        current[0] = before
+
+    class Copier:
+        def copy(self, dst: Tensor, src: Tensor, stream: int, blocks: int) -> None:
+            calls.append(("lean", dst.name, src.name, stream, blocks))
+
+    cuda = types.SimpleNamespace(
+        Stream=Stream,
+        stream=on,
+        current_stream=lambda: types.SimpleNamespace(wait_stream=lambda s: None),
+        synchronize=lambda: None,
+    )
+    fake = types.SimpleNamespace(cuda=cuda, equal=lambda a, b: a is b)
+    src, dst, dev, dev_src = (Tensor(n) for n in ("src", "dst", "dev", "dev_src"))
+    rows = copy_routes_probe.both_ways_copies(
+        fake, Copier(), {"pinned": (src, dst)}, dev, dev_src, 1
+    )
+    assert [r["route"] for r in rows] == ["memcpy"] + [
+        f"lean{b} x 2" for b in copy_routes_probe.BOTH_WAYS_BLOCKS
+    ]
+    in_stream, out_stream = 1, 2  # the probe's two streams, made in that order
+    assert calls[:2] == [("copy", "dev", "src", in_stream), ("copy", "dst", "dev_src", out_stream)]
+    for k, b in enumerate(copy_routes_probe.BOTH_WAYS_BLOCKS):
+        assert calls[2 + 2 * k : 4 + 2 * k] == [
+            ("lean", "dev", "src", in_stream, b),
+            ("lean", "dst", "dev_src", out_stream, b),
+        ]
+    # the data check compares what each copy wrote with its source: a fake whose tensors
+    # are all distinct reads as wrong data
+    assert all(r["equal"] is False for r in rows)
