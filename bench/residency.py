@@ -31,6 +31,8 @@ budget 8 GiB), modes:
                       offload], torch/cuda/_um_predict.py), and AdamW's state is staged
                       on the device for the step (Note [Optimizer state staging],
                       torch/cuda/_um_optim.py); the record adds predict_stats
+  um-predict-stage-lean  um-predict with the staging's copies by the lean kernel
+                      (predict_stage_kernel:lean: a copy in and a copy out at once)
   fsdp2-offload-ckpt  stock torch, single-process FSDP2 (fully_shard per decoder layer and root,
                       CPUOffloadPolicy), HF gradient checkpointing, memory fraction BUDGET/total
   stock-fraction      stock torch at memory fraction BUDGET/total (expected: out of memory)
@@ -180,6 +182,7 @@ MODES: dict[str, tuple[str, ...]] = {
         "um-prev",
         "um-nohooks",
         "um-predict",
+        "um-predict-stage-lean",
         "fsdp2-offload-ckpt",
         "stock-fraction",
     ),
@@ -215,7 +218,7 @@ PAIR = "um-predict-pair"
 ONE_GPU = (SINGLE, PAIR)  # ddp modes that train without DDP
 UM_MODES = (
     "um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "um-predict",
-    "um-predict-advice", SINGLE, PAIR,
+    "um-predict-advice", "um-predict-stage-lean", SINGLE, PAIR,
 )  # fmt: skip
 PREV = "um-prev"  # runs on --prev-pythonpath
 # The offload tool each workload is compared with (the bar): /peer in the table.
@@ -231,6 +234,7 @@ UM_CONF = {
     "um-copies": "policy:lru,read_copies:True",
     "um-predict": "policy:lru,hooks:True,predict:True",
     "um-predict-advice": "policy:lru,hooks:True,predict:True,read_copies:True",
+    "um-predict-stage-lean": "policy:lru,hooks:True,predict:True,predict_stage_kernel:lean",
 }
 UM_CONF[SINGLE] = UM_CONF[PAIR] = UM_CONF["um-predict"]
 DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "generate": "2GiB", "ddp": "12GiB"}

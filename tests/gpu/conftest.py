@@ -117,6 +117,7 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         discard=True,
         hooks=True,
         predict=True,
+        predict_stage_kernel="foreach",
         read_copies=False,
         host_alloc="default",
         host_alloc_min="1MiB",

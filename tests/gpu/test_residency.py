@@ -303,13 +303,17 @@ def _small_decoder(kind: str) -> Any:
     return transformers.LlamaForCausalLM(config)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize(
+    "kind,stage", [("gpt2", "foreach"), ("llama", "foreach"), ("gpt2", "lean")]
+)
 def test_decoder_training_with_predict_is_bit_exact(
-    torch_mod: Any, um: Any, limits: Limits, kind: str
+    torch_mod: Any, um: Any, limits: Limits, kind: str, stage: str
 ) -> None:
     """The benchmark's model classes, small, trained with AdamW past a 256 MiB budget with
     the offload on: with deterministic algorithms, the losses are bit for bit those of the
-    run in memory, so no save came back stale or misplaced."""
+    run in memory, so no save came back stale or misplaced; also with the optimizer
+    state staged by the lean copy kernel (predict_stage_kernel:lean, Note [Optimizer
+    state staging])."""
 
     def run() -> list[float]:
         torch.manual_seed(5)
@@ -332,7 +336,7 @@ def test_decoder_training_with_predict_is_bit_exact(
         um.configure(device_budget="90%")
         in_memory = [run(), run()]
         _tiny_budget(um)
-        um.configure(predict=True)
+        um.configure(predict=True, predict_stage_kernel=stage)
         before = um.predict_stats()
         under = run()
         got = um.predict_stats()
@@ -341,8 +345,10 @@ def test_decoder_training_with_predict_is_bit_exact(
     print(f"[um] {kind} in memory {in_memory}\n[um] {kind} predict {under}\n[um] {got}")
     assert got["predict.offloaded_bytes"] > before.get("predict.offloaded_bytes", 0)
     assert got["predict.ahead_bytes"] > before.get("predict.ahead_bytes", 0)
-    # AdamW's state was staged (Note [Optimizer state staging]).
+    # AdamW's state was staged (Note [Optimizer state staging]), by the kernel asked for.
     assert got["predict.optimizer_steps"] > before.get("predict.optimizer_steps", 0)
+    lean = got["predict.optimizer_lean_copies"] - before.get("predict.optimizer_lean_copies", 0)
+    assert (lean > 0) == (stage == "lean"), lean
     if in_memory[0] == in_memory[1]:  # the model is deterministic on this GPU
         assert under == in_memory[0]
     else:

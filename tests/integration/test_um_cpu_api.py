@@ -27,9 +27,9 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
-    "predict, predict_lookahead, predict_copy_sms, predict_copy_kernel, predict_ddp_buckets, "
-    "read_copies, host_alloc, host_alloc_min, host_copy_kernel, host_copy_cpu_share, "
-    "pin_in_place."
+    "predict, predict_lookahead, predict_copy_sms, predict_copy_kernel, predict_stage_kernel, "
+    "predict_ddp_buckets, read_copies, host_alloc, host_alloc_min, host_copy_kernel, "
+    "host_copy_cpu_share, pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
 RESIDENCY = {
@@ -40,6 +40,7 @@ RESIDENCY = {
     "predict_lookahead": str(1 << 30),
     "predict_copy_sms": "auto",
     "predict_copy_kernel": "lean",
+    "predict_stage_kernel": "foreach",
     "predict_ddp_buckets": "True",
     "read_copies": "False",
     "host_alloc": "default",
@@ -110,6 +111,10 @@ um.configure(predict_copy_kernel="lean")
 out["copy_kernel"] = um.get_config()["predict_copy_kernel"]
 um.configure("predict_copy_kernel:foreach")
 out["copy_kernel_text"] = um.get_config()["predict_copy_kernel"]
+um.configure(predict_stage_kernel="lean")
+out["stage_kernel"] = um.get_config()["predict_stage_kernel"]
+um.configure("predict_stage_kernel:foreach")
+out["stage_kernel_text"] = um.get_config()["predict_stage_kernel"]
 
 bad = {}
 for conf in json.loads(sys.argv[1]):
@@ -127,7 +132,8 @@ for name, kwargs in {"bool_enabled": {"enabled": "yes"}, "negative": {"max_manag
                      "str_predict": {"predict": "yes"},
                      "small_lookahead": {"predict_lookahead": "4KiB"},
                      "bool_copy_sms": {"predict_copy_sms": True},
-                     "int_copy_kernel": {"predict_copy_kernel": 1}}.items():
+                     "int_copy_kernel": {"predict_copy_kernel": 1},
+                     "bool_stage_kernel": {"predict_stage_kernel": True}}.items():
     try:
         um.configure(**kwargs)
         pybad[name] = None
@@ -215,6 +221,11 @@ BAD = {
     "predict_copy_sms:half": ["'predict_copy_sms' takes auto, 0", "got 'half'"],
     "predict_copy_sms:2.5": ["'predict_copy_sms' takes auto", "got '2.5'"],
     "predict_copy_kernel:cuda": ["'predict_copy_kernel' takes foreach", "or lean", "got 'cuda'"],
+    "predict_stage_kernel:memcpy": [
+        "'predict_stage_kernel' takes foreach (one torch._foreach_copy_",
+        "or lean",
+        "got 'memcpy'",
+    ],
     # a bad item after a good one: nothing applies (the probe checks get_config is unchanged)
     "enabled:False,prefetch:nope": ["'prefetch' takes True or False, got 'nope'"],
 }
@@ -284,6 +295,7 @@ def test_configure_get_config_round_trip(api: dict[str, Any]) -> None:
     assert api["reset"] == {**api["setters"], "enabled": "True", "max_managed": "none"}
     assert (api["copy_sms"], api["copy_sms_text"], api["copy_sms_auto"]) == ("16", "0", "auto")
     assert (api["copy_kernel"], api["copy_kernel_text"]) == ("lean", "foreach")
+    assert (api["stage_kernel"], api["stage_kernel_text"]) == ("lean", "foreach")
 
 
 @pytest.mark.parametrize("conf", list(BAD))
@@ -305,6 +317,7 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
         "small_lookahead": "ValueError",  # the engine's message: at least 1MiB
         "bool_copy_sms": "TypeError",
         "int_copy_kernel": "TypeError",
+        "bool_stage_kernel": "TypeError",
     }
     assert api["predict_stats"] == {}  # no forward ran past a budget
 
@@ -593,6 +606,75 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     assert len(got["lean_warnings"]) == 1 and "CUresult 700" in got["lean_warnings"][0]
     assert got["after_failure"] == ["plain:0:weights", 0]  # foreach from now on
     assert (got["configured"], got["configured_auto"]) == ([8, False], -1)
+    assert got["init"] is False
+
+
+STAGE_COPY_PROBE = r"""
+import contextlib, json, warnings, torch
+from torch.cuda import _um_copy, _um_optim
+
+calls = []
+torch._foreach_copy_ = lambda dst, src: calls.append(["foreach", list(dst), list(src)])
+torch.cuda.stream = lambda stream: contextlib.nullcontext()  # no GPU here
+
+class Lean:  # the lean copy kernel, a stand-in
+    def __init__(self):
+        self.copied = []
+    def copy(self, dst, src, stream, blocks):
+        if src == "strided":
+            return False
+        if src == "broken":
+            raise RuntimeError("cuLaunchKernel of the lean copy failed (CUresult 700)")
+        self.copied.append([dst, src, stream, blocks])
+        return True
+
+class Side:
+    cuda_stream = 5
+
+lean = Lean()
+_um_copy.copier = lambda device: lean
+st = _um_optim.Stager(lambda device: 0, lambda tensors: None)
+out = {"default": st.copy_lean}
+st._copy(0, Side(), ["a", "b"], ["x", "y"])
+out["foreach"] = calls[:]
+calls.clear()
+st.copy_lean = True
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    st._copy(0, Side(), ["d1", "d2", "d3", "d4"], ["p1", "strided", "broken", "p4"])
+out["copied"] = lean.copied
+out["rest"] = calls[:]
+out["lean_copies"] = st.stats["lean_copies"]
+out["lean_after_failure"] = st.copy_lean
+out["warnings"] = [str(w.message) for w in caught]
+# configure() reaches a stager that already exists at once.
+import torch.cuda.um as um
+um._stager = st
+um.configure(predict_stage_kernel="lean")
+out["configured"] = st.copy_lean
+um.configure("predict_stage_kernel:foreach")
+out["configured_off"] = st.copy_lean
+out["init"] = torch.cuda.is_initialized()
+print(json.dumps(out))
+"""
+
+
+def test_optimizer_staging_copies_by_foreach_or_the_lean_kernel(um: tuple[UmPath, Path]) -> None:
+    """Note [Optimizer state staging], "The copies' kernel": foreach by default, one launch
+    for the chunk's pairs; under predict_stage_kernel:lean each pair by the lean kernel on
+    its stream and 2 SMs, a pair it cannot copy by foreach, and a failed launch sends it and
+    every pair after it to foreach with one warning and gives the kernel up, nothing left
+    uncopied. configure() reaches a stager that exists at once."""
+    _, venv = um
+    got = probe(venv, STAGE_COPY_PROBE)
+    assert got["default"] is False
+    assert got["foreach"] == [["foreach", ["a", "b"], ["x", "y"]]]
+    assert got["copied"] == [["d1", "p1", 5, 2]]
+    assert got["rest"] == [["foreach", ["d2", "d3", "d4"], ["strided", "broken", "p4"]]]
+    assert got["lean_copies"] == 1 and got["lean_after_failure"] is False
+    assert len(got["warnings"]) == 1 and "CUresult 700" in got["warnings"][0]
+    assert "optimizer state staging copies by foreach" in got["warnings"][0]
+    assert (got["configured"], got["configured_off"]) == (True, False)
     assert got["init"] is False
 
 

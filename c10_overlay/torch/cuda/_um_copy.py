@@ -114,6 +114,32 @@ class LeanCopier:
             raise RuntimeError(f"cuLaunchKernel of the lean copy failed (CUresult {err})")
 
 
+def copy_pairs(
+    device: int, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream: int, blocks: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], int, str | None]:
+    """Queue on the stream handle ``stream`` the copies ``srcs[k] -> dsts[k]`` that the
+    lean kernel can make, on ``blocks`` SMs. Returns the pairs left for the caller's
+    foreach (those the kernel does not apply to, and every pair from a failed launch on),
+    how many the kernel took, and, where a launch failed, why: the device's copier is
+    then dropped, and the caller copies the rest the old way on the same stream, after
+    what is already queued, so that no copy is left undone."""
+    lean = copier(device)
+    rest_d: list[torch.Tensor] = []
+    rest_s: list[torch.Tensor] = []
+    done = 0
+    for k, (d, s) in enumerate(zip(dsts, srcs, strict=True)):
+        try:
+            if lean is not None and lean.copy(d, s, stream, blocks):
+                done += 1
+                continue
+        except RuntimeError as e:
+            drop(device, str(e))
+            return rest_d + dsts[k:], rest_s + srcs[k:], done, str(e)
+        rest_d.append(d)
+        rest_s.append(s)
+    return rest_d, rest_s, done, None
+
+
 def pieces(n: int, most: int) -> list[tuple[int, int]]:
     """(offset, bytes) of the launches that copy ``n`` bytes, each at most ``most`` (0: one
     launch). Offsets are multiples of 16, so each piece keeps the whole copy's alignment

@@ -54,6 +54,19 @@ chunks one after the other updates every parameter once, with the same bits. A s
 entry the step replaces instead of updating in place is kept as replaced, not copied
 back over.
 
+The copies' kernel (``predict_stage_kernel``). By default a chunk's copy in and its copy
+out are one ``torch._foreach_copy_`` launch each. Such a launch spreads its blocks over
+every SM, so a copy in and a copy out queued on two streams at once run largely one after
+the other, and the staging reads about 26 GB/s each way (bench/README.md, step 12, where
+that was read as the link's limit). One lean kernel copying host RAM into host RAM moved
+42 GB/s each way (step 44), so the link itself carries both directions at once. Under
+``predict_stage_kernel:lean`` each tensor's copy is the lean kernel on _um_copy.BLOCKS
+SMs (Note [Lean copies], _um_copy.py), which leaves the other SMs to the copy the other
+way and to the step's kernels; a pair it does not apply to (a strided tensor) goes to
+foreach, and a failed launch returns the staging to foreach for good, after what is
+queued (``copy_pairs``). Off by default until a benchmark says it wins
+(``bench.residency``'s ``um-predict-stage-lean`` mode; counter ``lean_copies``).
+
 Note [The step's gradients are touched]
 Before anything else, the pre-hook reports every gradient the step will read as used
 (um.py's use signal, as a module's parameters are before its forward), whether the step
@@ -88,10 +101,12 @@ once is as unsupported as it is in stock torch.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.cuda import _um_copy
 from torch.cuda import _um_plan as plan
 from torch.cuda._um_streams import side_stream, wait_stream
 from torch.optim import optimizer as _optimizer  # torch.optim does not export the module
@@ -107,15 +122,6 @@ Room = Callable[[int], int]  # device index -> free bytes under the budget
 # told the parameters a step will read the gradients of (Note [DDP's buckets between
 # steps], torch/cuda/_um_ddp.py)
 Seen = Callable[[list[torch.Tensor]], None]
-
-
-def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    """Copy by one foreach kernel launch on the current stream, whichever side of each
-    pair is in host RAM (``copy_`` would issue one cudaMemcpy per tensor; either way
-    the link moves 51-52 GB/s one way, or about 26 GB/s each way when reads and writes
-    share it: bench/stage_routes_probe.py)."""
-    if dst:
-        torch._foreach_copy_(dst, src)
 
 
 class _Swap:
@@ -140,8 +146,20 @@ class Stager:
         self._lock = threading.Lock()
         self._held: dict[int, list[list[Any]]] = {}  # id(optimizer) -> the groups' params
         self.active = True
+        # predict_stage_kernel:lean (um.py's _apply_predict_settings): the copies in and out
+        # by the lean kernel (Note [Optimizer state staging], "The copies' kernel")
+        self.copy_lean = False
         self.stats = dict.fromkeys(
-            ("steps", "chunks", "staged_bytes", "skipped", "no_room", "touch_failures"), 0
+            (
+                "steps",
+                "chunks",
+                "staged_bytes",
+                "skipped",
+                "no_room",
+                "touch_failures",
+                "lean_copies",
+            ),
+            0,
         )
 
     # ---- eligibility -----------------------------------------------------------------
@@ -238,6 +256,35 @@ class Stager:
 
     # ---- the staged step ---------------------------------------------------------------
 
+    def _copy(
+        self,
+        device: int,
+        stream: torch.cuda.Stream,
+        dst: list[torch.Tensor],
+        src: list[torch.Tensor],
+    ) -> None:
+        """Queue ``src[k] -> dst[k]`` on ``stream``, whichever side of each pair is in host
+        RAM: by the lean kernel on _um_copy.BLOCKS SMs a copy under ``copy_lean``, by one
+        foreach launch otherwise and for what the kernel leaves (``copy_`` would issue one
+        cudaMemcpy per tensor). Note [Optimizer state staging], "The copies' kernel"."""
+        if self.copy_lean and dst:
+            dst, src, done, failed = _um_copy.copy_pairs(
+                device, dst, src, int(stream.cuda_stream), _um_copy.BLOCKS
+            )
+            if failed is not None:
+                self.copy_lean = False  # until the next configure() asks for it again
+                warnings.warn(
+                    f"torch.cuda.um: {failed}; the optimizer state staging copies by "
+                    "foreach from now on",
+                    stacklevel=2,
+                )
+            if done:
+                with self._lock:
+                    self.stats["lean_copies"] += done
+        if dst:
+            with torch.cuda.stream(stream):
+                torch._foreach_copy_(dst, src)
+
     @staticmethod
     def _stageable(t: object, device: torch.device) -> bool:
         return (
@@ -264,8 +311,9 @@ class Stager:
         side stream while the chunk before is stepped and taken back out on another while
         the chunk after is (Note [Optimizer state staging])."""
         compute = torch.cuda.current_stream(device)
-        into = side_stream(device.index or 0, "stage-in")
-        out = side_stream(device.index or 0, "stage-out")
+        index = device.index or 0
+        into = side_stream(index, "stage-in")
+        out = side_stream(index, "stage-out")
         group_of = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
         staged = 0
 
@@ -277,8 +325,7 @@ class Stager:
                 if self._stageable(t, device)
             ]
             wait_stream(into, compute)  # the buffers' blocks are done with earlier work
-            with torch.cuda.stream(into):
-                _copy([s.buffer for s in swaps], [s.original for s in swaps])
+            self._copy(index, into, [s.buffer for s in swaps], [s.original for s in swaps])
             return swaps
 
         leaving: list[tuple[torch.cuda.Event, list[_Swap]]] = []  # copies out in flight
@@ -305,10 +352,9 @@ class Stager:
                     for s in back:
                         s.state[s.key] = s.original
                     wait_stream(out, compute)
-                    with torch.cuda.stream(out):
-                        _copy([s.original for s in back], [s.buffer for s in back])
-                        copied = torch.cuda.Event()
-                        copied.record(out)
+                    self._copy(index, out, [s.original for s in back], [s.buffer for s in back])
+                    copied = torch.cuda.Event()
+                    copied.record(out)
                     leaving.append((copied, back))
         finally:
             # Whatever runs after the step reads the state written back; the buffers

@@ -686,28 +686,15 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Queue the copies the lean kernel can make (Note [Lean copies], _um_copy.py);
         the rest, for foreach."""
-        lean = _um_copy.copier(device)
-        rest_v: list[torch.Tensor] = []
-        rest_p: list[torch.Tensor] = []
-        done = 0
-        handle = int(side.cuda_stream)
-        for k, (v, p) in enumerate(zip(views, params, strict=True)):
-            try:
-                if lean is not None and lean.copy(v, p, handle, blocks):
-                    done += 1
-                    continue
-            except RuntimeError as e:
-                _um_copy.drop(device, str(e))
-                self._sides.pop(device, None)  # the next call picks the stream again
-                warnings.warn(
-                    f"torch.cuda.um: {e}; the weight streamer copies by foreach from now on",
-                    stacklevel=2,
-                )
-                rest_v += views[k:]
-                rest_p += params[k:]
-                break
-            rest_v.append(v)
-            rest_p.append(p)
+        rest_v, rest_p, done, failed = _um_copy.copy_pairs(
+            device, views, params, int(side.cuda_stream), blocks
+        )
+        if failed is not None:
+            self._sides.pop(device, None)  # the next call picks the stream again
+            warnings.warn(
+                f"torch.cuda.um: {failed}; the weight streamer copies by foreach from now on",
+                stacklevel=2,
+            )
         if done:
             with self._lock:
                 self.stats["lean_copies"] += done

@@ -337,6 +337,7 @@ def configure(
     predict_lookahead: Size | None = None,
     predict_copy_sms: int | str | None = None,
     predict_copy_kernel: str | None = None,
+    predict_stage_kernel: str | None = None,
     predict_ddp_buckets: bool | None = None,
     read_copies: bool | None = None,
     host_alloc: str | None = None,
@@ -369,6 +370,7 @@ def configure(
         ("policy", policy),
         ("host_alloc", host_alloc),
         ("predict_copy_kernel", predict_copy_kernel),
+        ("predict_stage_kernel", predict_stage_kernel),
     ):
         if word is not None:
             if not isinstance(word, str):
@@ -730,11 +732,14 @@ def _apply_host_settings() -> None:
 
 
 def _apply_predict_settings() -> None:
-    """The one place ``predict_lookahead``, ``predict_copy_sms``, ``predict_copy_kernel``
-    and the device budget reach the offloader and the streamer: when the streamer is made,
-    and after every configure(), so that a change takes effect at once, not when the hooks
-    are next installed."""
+    """The one place ``predict_lookahead``, ``predict_copy_sms``, ``predict_copy_kernel``,
+    ``predict_stage_kernel`` and the device budget reach the offloader, the streamer and
+    the optimizer state stager: when the streamer or the stager is made, and after every
+    configure(), so that a change takes effect at once, not when the hooks are next
+    installed."""
     conf = get_config()
+    if _stager is not None:
+        _stager.copy_lean = conf.get("predict_stage_kernel", "foreach") == "lean"
     lookahead = int(conf.get("predict_lookahead", 1 << 30))
     if _offloader is not None:
         _offloader.max_lookahead = lookahead
@@ -1282,6 +1287,7 @@ def _optimizer_stager(room: Any, touch: Any) -> Any:
         from torch.cuda import _um_optim
 
         _stager = _um_optim.Stager(room, touch)
+        _apply_predict_settings()  # predict_stage_kernel
     return _stager
 
 
@@ -1433,7 +1439,9 @@ def predict_stats() -> dict[str, int]:
     usual: an optimizer it does not stage, see the Note) and
     ``predict.optimizer_no_room`` (steps that ran as usual for want of free room under
     the budget to stage into), ``predict.optimizer_touch_failures`` (steps whose
-    gradients could not be reported as used: Note [The step's gradients are touched]);
+    gradients could not be reported as used: Note [The step's gradients are touched]),
+    ``predict.optimizer_lean_copies`` (state tensors copied in or out by the lean copy
+    kernel under ``predict_stage_kernel:lean``);
     and of the weight streaming (Note [Weight streaming],
     torch/cuda/_um_weights.py): ``predict.stream_forwards`` (forwards without autograd
     under it), ``predict.stream_records`` (orders of module calls recorded: the first

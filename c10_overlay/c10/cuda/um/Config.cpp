@@ -15,7 +15,8 @@ namespace {
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
     "discard, hooks, predict, predict_lookahead, predict_copy_sms, "
-    "predict_copy_kernel, predict_ddp_buckets, read_copies, host_alloc, "
+    "predict_copy_kernel, predict_stage_kernel, predict_ddp_buckets, "
+    "read_copies, host_alloc, "
     "host_alloc_min, host_copy_kernel, host_copy_cpu_share, pin_in_place";
 
 std::string_view trim(std::string_view s) {
@@ -196,6 +197,8 @@ std::string Config::str() const {
                             : std::to_string(predict_copy_sms);
   s += ",predict_copy_kernel:";
   s += predict_copy_lean ? "lean" : "foreach";
+  s += ",predict_stage_kernel:";
+  s += predict_stage_lean ? "lean" : "foreach";
   s += ",predict_ddp_buckets:";
   s += predict_ddp_buckets ? "True" : "False";
   s += ",read_copies:";
@@ -309,6 +312,15 @@ Config parseConfig(
           "foreach (torch._foreach_copy_ on a green context of "
           "predict_copy_sms SMs) or lean (the engine's own copy kernel on "
           "predict_copy_sms SMs, 2 for auto)");
+    } else if (key == "predict_stage_kernel") {
+      cfg.predict_stage_lean = parseChoice(
+          key,
+          value,
+          source,
+          "lean",
+          "foreach",
+          "foreach (one torch._foreach_copy_ launch a chunk) or lean (the "
+          "engine's own copy kernel, 2 SMs a copy)");
     } else if (key == "host_alloc") {
       cfg.host_alloc_managed = parseChoice(
           key,

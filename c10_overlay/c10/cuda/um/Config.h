@@ -65,6 +65,12 @@ struct Config {
   // the link on two SMs. The default since bench/README.md step 32: faster in
   // every benchmark run at full CPU speed; foreach where it cannot be had.
   bool predict_copy_lean = true;
+  // The kernel of the optimizer state staging's copies in and out (Note
+  // [Optimizer state staging], torch/cuda/_um_optim.py): false is one
+  // torch._foreach_copy_ a chunk, true the lean kernel on 2 SMs a copy, small
+  // enough that a copy in and a copy out run at once (bench/README.md, step 45).
+  // Off until a benchmark says it wins.
+  bool predict_stage_lean = false;
   // With predict: DistributedDataParallel's gradient buckets
   // (gradient_as_bucket_view) are forgotten between a step and the next
   // backward, which overwrites them, so that they leave the device without
