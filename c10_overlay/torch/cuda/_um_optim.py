@@ -55,11 +55,13 @@ entry the step replaces instead of updating in place is kept as replaced, not co
 back over.
 
 The copies' kernel (``predict_stage_kernel``). By default a chunk's copy in and its copy
-out are one ``torch._foreach_copy_`` launch each. Such a launch spreads its blocks over
-every SM, so a copy in and a copy out queued on two streams at once run largely one after
-the other, and the staging reads about 26 GB/s each way (bench/README.md, step 12, where
-that was read as the link's limit). One lean kernel copying host RAM into host RAM moved
-42 GB/s each way (step 44), so the link itself carries both directions at once. Under
+out are one ``torch._foreach_copy_`` launch each. A copy in and a copy out by such
+launches at once read about 26 GB/s each way (bench/README.md, step 12, where that was
+taken for the link's limit), but one lean kernel copying host RAM into host RAM moved 42
+GB/s each way (step 44), so the link carries both directions at once for some traffic.
+Our reading, not yet measured (``bench.copy_routes_probe --both-ways`` tests it): a
+foreach launch spreads its blocks over every SM, so that the two copies largely take
+turns. Under
 ``predict_stage_kernel:lean`` each tensor's copy is the lean kernel on _um_copy.BLOCKS
 SMs (Note [Lean copies], _um_copy.py), which leaves the other SMs to the copy the other
 way and to the step's kernels; a pair it does not apply to (a strided tensor) goes to
