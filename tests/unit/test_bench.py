@@ -346,6 +346,7 @@ def test_residency_summary_train() -> None:
         "um-prev": 3.0,
         "um-nohooks": None,  # not run
         "um-predict": None,  # not run
+        "um-predict-stage-lean": None,  # not run
         "fsdp2-offload-ckpt": None,  # error
         "stock-fraction": None,  # out of memory
     }
