@@ -452,6 +452,22 @@ def test_empty_cache_also_drops_the_streamers_rings(um: tuple[UmPath, Path]) -> 
     }
 
 
+# The lean copy kernel, a stand-in for the probes below: "strided" is a pair it does not
+# apply to, "broken" one whose launch fails.
+LEAN_STAND_IN = r"""
+class Lean:
+    def __init__(self):
+        self.copied = []
+    def copy(self, dst, src, stream, blocks):
+        if src == "strided":
+            return False
+        if src == "broken":
+            raise RuntimeError("cuLaunchKernel of the lean copy failed (CUresult 700)")
+        self.copied.append([dst, src, stream, blocks])
+        return True
+"""
+
+
 COPY_STREAM_PROBE = r"""
 import json, warnings, torch
 from torch.cuda import _um_copy, _um_streams, _um_weights
@@ -479,17 +495,7 @@ for setting in (24, 0):
                          "warnings": [str(w.message) for w in caught]}
 out["failures"] = {str(k): v for k, v in _um_streams.green_failures.items()}
 
-# A lean copy kernel (a stand-in): auto takes its 2 SMs, a count by name that many, 0 none.
-class Lean:
-    def __init__(self):
-        self.copied = []
-    def copy(self, dst, src, stream, blocks):
-        if src == "strided":
-            return False
-        if src == "broken":
-            raise RuntimeError("cuLaunchKernel of the lean copy failed (CUresult 700)")
-        self.copied.append([dst, src, stream, blocks])
-        return True
+# A lean copy kernel (LEAN_STAND_IN): auto takes its 2 SMs, a count by name that many, 0 none.
 
 class Side:
     cuda_stream = 77
@@ -581,7 +587,7 @@ def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     kernel up with one warning, nothing left uncopied. configure() changes the setting of a streamer that
     exists at once."""
     _, venv = um
-    got = probe(venv, COPY_STREAM_PROBE)
+    got = probe(venv, LEAN_STAND_IN + COPY_STREAM_PROBE)
     asked = got["24"]
     assert asked["stream"] == asked["again"] == "plain:0:weights"
     assert asked["sms"] == 0
@@ -617,16 +623,6 @@ calls = []
 torch._foreach_copy_ = lambda dst, src: calls.append(["foreach", list(dst), list(src)])
 torch.cuda.stream = lambda stream: contextlib.nullcontext()  # no GPU here
 
-class Lean:  # the lean copy kernel, a stand-in
-    def __init__(self):
-        self.copied = []
-    def copy(self, dst, src, stream, blocks):
-        if src == "strided":
-            return False
-        if src == "broken":
-            raise RuntimeError("cuLaunchKernel of the lean copy failed (CUresult 700)")
-        self.copied.append([dst, src, stream, blocks])
-        return True
 
 class Side:
     cuda_stream = 5
@@ -666,7 +662,7 @@ def test_optimizer_staging_copies_by_foreach_or_the_lean_kernel(um: tuple[UmPath
     every pair after it to foreach with one warning and gives the kernel up, nothing left
     uncopied. configure() reaches a stager that exists at once."""
     _, venv = um
-    got = probe(venv, STAGE_COPY_PROBE)
+    got = probe(venv, LEAN_STAND_IN + STAGE_COPY_PROBE)
     assert got["default"] is False
     assert got["foreach"] == [["foreach", ["a", "b"], ["x", "y"]]]
     assert got["copied"] == [["d1", "p1", 5, 2]]
