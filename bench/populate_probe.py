@@ -286,19 +286,19 @@ def main(argv: list[str] | None = None) -> int:
             f"two ranges of {n / GiB:.1f} GiB are more than 80 % of the {free / GiB:.0f} GiB "
             "of free GPU memory: pass a smaller size"
         )
-    if args.discards_only:
-        discards = discard_checks(cuda, torch, min(n, 256 << 20))
-        print_discards(discards)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"bytes": min(n, 256 << 20), "discards": discards}, f, indent=1)
-        return 1 if any(r["wrong_elements"] for r in discards) else 0
-
     def save(path: str, **parts: Any) -> None:
         """The record: how it was run, where, the range size, then the probe's rows."""
         head = {"command": command_line("bench.populate_probe"), "machine": machine(torch)}
         with open(path, "w") as f:
             json.dump({**head, "bytes": n, "free_at_start": free, **parts}, f, indent=1)
+
+    if args.discards_only:
+        checked = min(n, 256 << 20)
+        discards = discard_checks(cuda, torch, checked)
+        print_discards(discards)
+        if args.json:
+            save(args.json, discard_check_bytes=checked, discards=discards)
+        return 1 if any(r["wrong_elements"] for r in discards) else 0
 
     def timed_(fn: Callable[[], object]) -> float:
         return timed(cuda, fn)
