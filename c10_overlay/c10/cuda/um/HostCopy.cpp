@@ -11,7 +11,6 @@
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <thread>
 
 namespace c10::cuda::um {
 namespace {
@@ -244,13 +243,7 @@ size_t cpuPart(size_t count, uint64_t host_tail, double share) {
 
 // memcpy from up to kCpuCopyThreads threads, the calling one included.
 void copyOnCpu(char* dst, const char* src, size_t size) {
-  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const size_t parts =
-      std::clamp<size_t>(size / (kCpuPartMinBytes / 4), 1, std::min(kCpuCopyThreads, hw));
-  const size_t share = (size / parts + 4095) & ~size_t{4095};
-  onThreads(parts, [&](size_t k) {
-    const size_t lo = std::min(size, k * share);
-    const size_t hi = std::min(size, lo + share);
+  onParts(size, kCpuPartMinBytes / 4, kCpuCopyThreads, [&](size_t lo, size_t hi) {
     std::memcpy(dst + lo, src + lo, hi - lo);
   });
 }

@@ -104,6 +104,11 @@ std::optional<uint64_t> cgroupRoom() {
 constexpr size_t kPopulateThreads = 8;
 constexpr size_t kPopulatePart = 64ull << 20;
 
+size_t pageBytes() {
+  const long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<size_t>(page) : 4096;
+}
+
 void touchPages(char* begin, size_t size, size_t page) {
   volatile char* p = begin;
   for (size_t off = 0; off < size; off += page) {
@@ -125,21 +130,13 @@ uint64_t availableHostBytes() {
 }
 
 void populateOnHost(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes) {
-  const long sys_page = sysconf(_SC_PAGESIZE);
-  const size_t page = sys_page > 0 ? static_cast<size_t>(sys_page) : 4096;
   size_t total = 0;
   for (size_t s : sizes) {
     total += s;
   }
-  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const size_t parts = std::clamp<size_t>(
-      total / kPopulatePart, 1, std::min(kPopulateThreads, hw));
-  // Part k covers bytes [k * share, (k + 1) * share) of the ranges laid end
-  // to end, rounded to whole pages.
-  const size_t share = (total / parts + page - 1) / page * page;
-  auto touchPart = [&](size_t k) {
-    size_t lo = k * share;
-    size_t hi = std::min(total, lo + share);
+  const size_t page = pageBytes();
+  // [lo, hi) of the ranges laid end to end.
+  onParts(total, kPopulatePart, kPopulateThreads, [&](size_t lo, size_t hi) {
     size_t start = 0;
     for (size_t r = 0; r < ptrs.size() && lo < hi; ++r) {
       const size_t end = start + sizes[r];
@@ -150,23 +147,36 @@ void populateOnHost(const std::vector<void*>& ptrs, const std::vector<size_t>& s
       }
       start = end;
     }
-  };
-  onThreads(parts, touchPart);
+  });
 }
 
-void onThreads(size_t parts, const std::function<void(size_t)>& fn) {
+void onParts(
+    size_t total,
+    size_t min_part,
+    size_t max_threads,
+    const std::function<void(size_t lo, size_t hi)>& fn) {
+  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t parts =
+      std::clamp<size_t>(total / std::max<size_t>(min_part, 1), 1, std::min(max_threads, hw));
+  const size_t page = pageBytes();
+  const size_t share = (total / parts + page - 1) / page * page;
+  auto part = [&](size_t k) {
+    const size_t lo = std::min(total, k * share);
+    const size_t hi = std::min(total, lo + share);
+    if (lo < hi) {
+      fn(lo, hi);
+    }
+  };
   std::vector<std::thread> helpers;
-  helpers.reserve(parts > 0 ? parts - 1 : 0);
+  helpers.reserve(parts - 1);
   for (size_t k = 1; k < parts; ++k) {
     try {
-      helpers.emplace_back(fn, k);
+      helpers.emplace_back(part, k);
     } catch (const std::system_error&) {
-      fn(k);
+      part(k);
     }
   }
-  if (parts > 0) {
-    fn(0);
-  }
+  part(0);
   for (std::thread& t : helpers) {
     t.join();
   }

@@ -13,10 +13,17 @@ namespace c10::cuda::um {
 // memory.max). Returns UINT64_MAX if neither can be read.
 uint64_t availableHostBytes();
 
-// Runs fn(0) .. fn(parts - 1) at once, fn(0) on the calling thread and each
-// other on a thread of its own; a thread that cannot be started leaves its
-// part to the caller. Returns when all are done.
-void onThreads(size_t parts, const std::function<void(size_t)>& fn);
+// Splits [0, total) into up to max_threads parts (no more than the machine's
+// hardware threads) of at least min_part bytes each where total allows, with
+// boundaries on whole pages, and runs fn(lo, hi) for every part at once: the
+// first on the calling thread, each other on a thread of its own; a thread
+// that cannot be started leaves its part to the caller. Returns when all are
+// done.
+void onParts(
+    size_t total,
+    size_t min_part,
+    size_t max_threads,
+    const std::function<void(size_t lo, size_t hi)>& fn);
 
 // Makes the host pages of fresh managed ranges nobody uses yet by writing
 // one byte per page from CPU threads (Note [Host pages are populated by CPU
