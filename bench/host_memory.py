@@ -297,6 +297,12 @@ def status_bytes(text: str, key: str) -> int | None:
     return None
 
 
+def rss_bytes() -> int:
+    """This process's resident memory now (VmRSS of /proc/self/status; managed host pages
+    count there), in bytes; 0 where the kernel gives none."""
+    return status_bytes(_read("/proc/self/status"), "VmRSS") or 0
+
+
 def cgroup_peak_path(cgroup_text: str, root: Path) -> Path | None:
     """memory.peak of the cgroup v2 a process is in, from its /proc/<pid>/cgroup text
     (the ``0::<path>`` line) under the cgroup2 mount ``root``; None without that line."""
@@ -561,7 +567,7 @@ class Meter:
         self.cgroup_path = str(path) if path else None
         self.fd, self.reset = open_cgroup_peak(path)
         self.peak_before = _maxrss()
-        self.base = status_bytes(_read("/proc/self/status"), "VmRSS") or 0
+        self.base = rss_bytes()
 
     def stop(self) -> dict[str, Any]:
         """The measured part's fields; call once, right after it."""

@@ -42,6 +42,7 @@ from typing import Any
 
 from bench.common import command_line, machine
 from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, threaded, timed
+from bench.host_memory import rss_bytes
 
 GiB = 1 << 30
 COPY_DEFAULT = 4  # cudaMemcpyDefault
@@ -136,15 +137,6 @@ def madvise_populate(ptr: int, nbytes: int, threads: int) -> Callable[[], None]:
             raise OSError(errors[0], f"madvise(MADV_POPULATE_WRITE): {os.strerror(errors[0])}")
 
     return run
-
-
-def rss_bytes() -> int:
-    """VmRSS of this process, in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def parallel_prefetch(

@@ -21,17 +21,18 @@ from typing import Any
 
 import pytest
 
+from bench import host_memory
+
 GiB = 1 << 30
 MiB = 1 << 20
 
 
 def rss_bytes() -> int:
-    """This process's resident memory (VmRSS of /proc/self/status)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
+    """This process's resident memory (bench.host_memory's reading of VmRSS); a test that
+    compares two readings must not pass on two zeros."""
+    value = host_memory.rss_bytes()
+    assert value > 0, "no VmRSS in /proc/self/status"
+    return value
 
 
 def cudart() -> ctypes.CDLL:

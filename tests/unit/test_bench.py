@@ -820,20 +820,20 @@ def test_populate_probe_populates_by_madvise() -> None:
     import errno
     import mmap
 
-    from bench import populate_probe
+    from bench import host_memory, populate_probe
 
     # madvise_populate: the pages of an untouched anonymous mapping are made (VmRSS grows by
     # the range), or the kernel's refusal comes back as one OSError.
     size = 32 << 20
     m = mmap.mmap(-1, size)
     addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-    before = populate_probe.rss_bytes()
+    before = host_memory.rss_bytes()
     try:
         populate_probe.madvise_populate(addr, size, 4)()
     except OSError as e:
         assert e.errno == errno.EINVAL and "MADV_POPULATE_WRITE" in str(e)
     else:
-        assert populate_probe.rss_bytes() - before >= 0.9 * size
+        assert host_memory.rss_bytes() - before >= 0.9 * size
     with pytest.raises(OSError, match="MADV_POPULATE_WRITE"):
         populate_probe.madvise_populate(addr + 1, 4096, 1)()  # not page-aligned: EINVAL
 
