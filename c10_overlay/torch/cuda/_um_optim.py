@@ -274,7 +274,9 @@ class Stager:
                 device, dst, src, int(stream.cuda_stream), _um_copy.BLOCKS
             )
             if failed is not None:
-                self.copy_lean = False  # until the next configure() asks for it again
+                # The copier is dropped for the device (_um_copy.failures): foreach from
+                # now on, even where a later configure() asks for lean again.
+                self.copy_lean = False
                 warnings.warn(
                     f"torch.cuda.um: {failed}; the optimizer state staging copies by "
                     "foreach from now on",
