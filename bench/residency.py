@@ -32,7 +32,9 @@ budget 8 GiB), modes:
                       on the device for the step (Note [Optimizer state staging],
                       torch/cuda/_um_optim.py); the record adds predict_stats
   um-predict-stage-lean  um-predict with the staging's copies by the lean kernel
-                      (predict_stage_kernel:lean: a copy in and a copy out at once)
+                      (predict_stage_kernel:lean: a copy in and a copy out at once, 32
+                      blocks each)
+  um-predict-stage-lean2  the same on 2 blocks a launch (predict_copy_sms:2)
   fsdp2-offload-ckpt  stock torch, single-process FSDP2 (fully_shard per decoder layer and root,
                       CPUOffloadPolicy), HF gradient checkpointing, memory fraction BUDGET/total
   stock-fraction      stock torch at memory fraction BUDGET/total (expected: out of memory)
@@ -183,6 +185,7 @@ MODES: dict[str, tuple[str, ...]] = {
         "um-nohooks",
         "um-predict",
         "um-predict-stage-lean",
+        "um-predict-stage-lean2",
         "fsdp2-offload-ckpt",
         "stock-fraction",
     ),
@@ -218,7 +221,7 @@ PAIR = "um-predict-pair"
 ONE_GPU = (SINGLE, PAIR)  # ddp modes that train without DDP
 UM_MODES = (
     "um-nobudget", "um-static", "um", "um-prev", "um-copies", "um-nohooks", "um-predict",
-    "um-predict-advice", "um-predict-stage-lean", SINGLE, PAIR,
+    "um-predict-advice", "um-predict-stage-lean", "um-predict-stage-lean2", SINGLE, PAIR,
 )  # fmt: skip
 PREV = "um-prev"  # runs on --prev-pythonpath
 # The offload tool each workload is compared with (the bar): /peer in the table.
@@ -235,6 +238,9 @@ UM_CONF = {
     "um-predict": "policy:lru,hooks:True,predict:True",
     "um-predict-advice": "policy:lru,hooks:True,predict:True,read_copies:True",
     "um-predict-stage-lean": "policy:lru,hooks:True,predict:True,predict_stage_kernel:lean",
+    "um-predict-stage-lean2": (
+        "policy:lru,hooks:True,predict:True,predict_stage_kernel:lean,predict_copy_sms:2"
+    ),
 }
 UM_CONF[SINGLE] = UM_CONF[PAIR] = UM_CONF["um-predict"]
 DEFAULT_BUDGET = {"train": "8GiB", "infer": "2GiB", "generate": "2GiB", "ddp": "12GiB"}

@@ -648,6 +648,10 @@ import torch.cuda.um as um
 um._stager = st
 um.configure(predict_stage_kernel="lean")
 out["configured"] = st.copy_lean
+out["blocks"] = {"auto": st.copy_blocks}
+for sms in ("8", "0", "auto"):
+    um.configure(predict_copy_sms=sms)
+    out["blocks"][sms] = st.copy_blocks
 um.configure("predict_stage_kernel:foreach")
 out["configured_off"] = st.copy_lean
 out["init"] = torch.cuda.is_initialized()
@@ -658,16 +662,18 @@ print(json.dumps(out))
 def test_optimizer_staging_copies_by_foreach_or_the_lean_kernel(um: tuple[UmPath, Path]) -> None:
     """Note [Optimizer state staging], "The copies' kernel": foreach by default, one launch
     for the chunk's pairs; under predict_stage_kernel:lean each pair by the lean kernel on
-    its stream and 2 SMs, a pair it cannot copy by foreach, and a failed launch sends it and
-    every pair after it to foreach with one warning and gives the kernel up, nothing left
-    uncopied. configure() reaches a stager that exists at once."""
+    its stream and 32 SMs (predict_copy_sms where that is a count), a pair it cannot copy by
+    foreach, and a failed launch sends it and every pair after it to foreach with one
+    warning and gives the kernel up, nothing left uncopied. configure() reaches a stager
+    that exists at once."""
     _, venv = um
     got = probe(venv, LEAN_STAND_IN + STAGE_COPY_PROBE)
     assert got["default"] is False
     assert got["foreach"] == [["foreach", ["a", "b"], ["x", "y"]]]
-    assert got["copied"] == [["d1", "p1", 5, 2]]
+    assert got["copied"] == [["d1", "p1", 5, 32]]
     assert got["rest"] == [["foreach", ["d2", "d3", "d4"], ["strided", "broken", "p4"]]]
     assert got["lean_copies"] == 1 and got["lean_after_failure"] is False
+    assert got["blocks"] == {"auto": 32, "8": 8, "0": 32}
     assert len(got["warnings"]) == 1 and "CUresult 700" in got["warnings"][0]
     assert "optimizer state staging copies by foreach" in got["warnings"][0]
     assert (got["configured"], got["configured_off"]) == (True, False)

@@ -347,6 +347,7 @@ def test_residency_summary_train() -> None:
         "um-nohooks": None,  # not run
         "um-predict": None,  # not run
         "um-predict-stage-lean": None,  # not run
+        "um-predict-stage-lean2": None,  # not run
         "fsdp2-offload-ckpt": None,  # error
         "stock-fraction": None,  # out of memory
     }

@@ -57,16 +57,16 @@ back over.
 The copies' kernel (``predict_stage_kernel``). By default a chunk's copy in and its copy
 out are one ``torch._foreach_copy_`` launch each. A copy in and a copy out by such
 launches at once read about 26 GB/s each way (bench/README.md, step 12, where that was
-taken for the link's limit), but one lean kernel copying host RAM into host RAM moved 42
-GB/s each way (step 44), so the link carries both directions at once for some traffic.
-Our reading, not yet measured (``bench.copy_routes_probe --both-ways`` tests it): a
-foreach launch spreads its blocks over every SM, so that the two copies largely take
-turns. Under
-``predict_stage_kernel:lean`` each tensor's copy is the lean kernel on _um_copy.BLOCKS
-SMs (Note [Lean copies], _um_copy.py), which leaves the other SMs to the copy the other
-way and to the step's kernels; a pair it does not apply to (a strided tensor) goes to
-foreach, and a failed launch returns the staging to foreach for good, after what is
-queued (``copy_pairs``). Off by default until a benchmark says it wins
+taken for the link's limit), as do page-locked copies by the copy engines (step 46). But
+the link carries more both ways at once for kernels of few blocks: two lean launches of
+32 blocks, one each way, moved 38 GB/s each way, of 8 blocks 31, of 2 blocks 28-30
+(``bench.copy_routes_probe --both-ways``, step 46); one lean kernel copying host RAM into
+host RAM moved 42 each way (step 44). Under ``predict_stage_kernel:lean`` each tensor's
+copy is the lean kernel (Note [Lean copies], _um_copy.py) on STAGE_BLOCKS SMs, or on
+``predict_copy_sms`` where that is set to a count, which leaves the other SMs to the copy
+the other way and to the step's kernels; a pair it does not apply to (a strided tensor)
+goes to foreach, and a failed launch returns the staging to foreach for good, after what
+is queued (``copy_pairs``). Off by default until a benchmark says it wins
 (``bench.residency``'s ``um-predict-stage-lean`` mode; counter ``lean_copies``).
 
 Note [The step's gradients are touched]
@@ -141,6 +141,11 @@ class _Swap:
 class Stager:
     """The pre- and post-hook of Note [Optimizer state staging]; one per process."""
 
+    # The lean launches' blocks under predict_copy_sms:auto, a copy in and a copy out at
+    # once ("The copies' kernel"): two launches of 32 blocks carried 38 GB/s each way, of
+    # 8 blocks 31, of 2 blocks 28-30 (bench/README.md, step 46).
+    STAGE_BLOCKS = 32
+
     def __init__(self, room: Room, touch: plan.Touch) -> None:
         self._room = room
         self._touch = touch
@@ -151,6 +156,7 @@ class Stager:
         # predict_stage_kernel:lean (um.py's _apply_predict_settings): the copies in and out
         # by the lean kernel (Note [Optimizer state staging], "The copies' kernel")
         self.copy_lean = False
+        self.copy_blocks = self.STAGE_BLOCKS  # predict_copy_sms where set to a count
         self.stats = dict.fromkeys(
             (
                 "steps",
@@ -266,12 +272,12 @@ class Stager:
         src: list[torch.Tensor],
     ) -> None:
         """Queue ``src[k] -> dst[k]`` on ``stream``, whichever side of each pair is in host
-        RAM: by the lean kernel on _um_copy.BLOCKS SMs a copy under ``copy_lean``, by one
+        RAM: by the lean kernel on ``copy_blocks`` SMs a copy under ``copy_lean``, by one
         foreach launch otherwise and for what the kernel leaves (``copy_`` would issue one
         cudaMemcpy per tensor). Note [Optimizer state staging], "The copies' kernel"."""
         if self.copy_lean and dst:
             dst, src, done, failed = _um_copy.copy_pairs(
-                device, dst, src, int(stream.cuda_stream), _um_copy.BLOCKS
+                device, dst, src, int(stream.cuda_stream), self.copy_blocks
             )
             if failed is not None:
                 # The copier is dropped for the device (_um_copy.failures): foreach from

@@ -740,6 +740,10 @@ def _apply_predict_settings() -> None:
     conf = get_config()
     if _stager is not None:
         _stager.copy_lean = conf.get("predict_stage_kernel", "foreach") == "lean"
+        # The lean launches' blocks: predict_copy_sms where set to a count, else the
+        # two-way default (auto, and 0, "any SM", which two launches at once cannot have)
+        sms = conf.get("predict_copy_sms", "auto")
+        _stager.copy_blocks = int(sms) if sms not in ("auto", "0") else _stager.STAGE_BLOCKS
     lookahead = int(conf.get("predict_lookahead", 1 << 30))
     if _offloader is not None:
         _offloader.max_lookahead = lookahead
