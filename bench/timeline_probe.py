@@ -15,7 +15,9 @@ family (GEMM, attention, elementwise, reduction/norm, optimizer foreach, other),
 count; the busy and idle seconds of the stream that ran the most kernel time, its idle
 gaps longer than 1 ms (count, seconds), and its device waits by the stream-ordered calls
 (event waits, copies, prefetches) queued between the two kernels' launches; and per
-stream, the copies' count, busy seconds, GB and GB/s while busy.
+stream, the copies' count, busy seconds, GB and GB/s while busy, and the kernels' count
+and busy seconds, with the seconds in which the three busiest streams ran kernels two at
+a time (did the staging's copy in and copy out overlap?).
 With ``--phases`` each step is split at synchronisations into forward, backward and
 optimizer, one line each, with the step's change in the engine's and the predictor's
 counters. A kernel that reads or writes host RAM in place runs
@@ -118,6 +120,7 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
         row["busy_s"] = round(row["busy_s"], 4)
         row["GB"] = round(row["GB"], 3)
     out["copies_by_stream"] = copies
+    out["kernels_by_stream"] = kernels_by_stream(by_stream)
     # Memsets run on a stream between kernels: one that takes long (managed pages it has
     # to populate) shows as an idle gap of that stream, "after cudaMemsetAsync".
     memsets: dict[str, list[float]] = {}  # stream -> each memset's microseconds
@@ -181,6 +184,52 @@ def summarize(events: list[dict[str, Any]], t0: float, t1: float) -> dict[str, A
             ],
         }
     return out
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The spans merged where they touch or overlap, in order."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _overlap(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
+    """Microseconds in which both unions of spans are busy."""
+    i = j = 0
+    both = 0.0
+    while i < len(x) and j < len(y):
+        both += max(0.0, min(x[i][1], y[j][1]) - max(x[i][0], y[j][0]))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return both
+
+
+def kernels_by_stream(by_stream: dict[Any, list[tuple[Any, ...]]]) -> dict[str, Any]:
+    """Per stream: its kernels' count and busy seconds (their spans' union), and for the
+    three busiest streams the seconds each pair of them ran kernels at once: whether a
+    copy in and a copy out on two side streams overlapped, and with the compute stream."""
+    unions = {
+        str(k): _union([(sp[0], sp[1]) for sp in spans]) for k, spans in by_stream.items()
+    }
+    busy = {k: sum(b - a for a, b in u) for k, u in unions.items()}
+    rows: dict[str, Any] = {
+        k: {"n": len(by_stream[s]), "busy_s": round(busy[k] / 1e6, 6)}
+        for s in by_stream
+        for k in (str(s),)
+    }
+    top = sorted(busy, key=lambda k: -busy[k])[:3]
+    rows["overlap_s"] = {
+        f"{a}&{b}": round(_overlap(unions[a], unions[b]) / 1e6, 6)
+        for n, a in enumerate(top)
+        for b in top[n + 1 :]
+    }
+    return rows
 
 
 def _queued_between(

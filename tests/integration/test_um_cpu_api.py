@@ -680,6 +680,56 @@ def test_optimizer_staging_copies_by_foreach_or_the_lean_kernel(um: tuple[UmPath
     assert got["init"] is False
 
 
+WARM_PROBE = r"""
+import json, threading, torch
+from torch.cuda import _um_predict as P
+
+calls = []
+lock = threading.Lock()
+real_empty = torch.empty
+
+def fake_empty(n, dtype=None, pin_memory=False, **kw):  # no page-locked memory here
+    with lock:
+        calls.append([n, pin_memory, threading.current_thread() is threading.main_thread()])
+    if n == 666:
+        raise RuntimeError("cudaHostAlloc: out of memory")
+    return real_empty(0, dtype=dtype)
+
+torch.empty = fake_empty
+# counters: 650 bytes evicted during the forward, no room left at its end
+off = P.Offloader(lambda device: (650, 0), lambda: 10_000, 1 << 30, 100)
+fwd = P._Forward(0, P.plan.PrefetchQueue(1 << 30, 0), set(), 0, 0)
+fwd.saves = [(100, True), (200, False), (300, False), (400, False)]
+fwd.plan.seen, fwd.plan.offloaded = 1000, 100
+torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
+off._end(fwd)  # the target grows to 650: the next forward sends the first four saves
+out = {"target": off.target.bytes, "started": off._warming is not None}
+off._join_warming()
+out["calls"] = sorted(calls)
+out["warmed"], out["stats"] = off.warmed, off.stats["warmed_bytes"]
+calls.clear()
+off._start_warming([666, 10, 20, 30, 40])  # the first thread is refused at once
+off._join_warming()
+out["refused"] = sorted(c[0] for c in calls)
+out["warmed_after"] = off.warmed
+print(json.dumps(out))
+"""
+
+
+def test_offloader_makes_the_next_forwards_host_buffers_ahead(um: tuple[UmPath, Path]) -> None:
+    """Note [Host buffers made ahead]: at a forward's end the page-locked buffers the next
+    forward will take and this one did not are made off the forward's thread and freed
+    into the host allocator's cache; a refusal stops one thread, and only what was made
+    counts."""
+    _, venv = um
+    got = probe(venv, WARM_PROBE)
+    assert got["target"] == 650 and got["started"] is True
+    assert got["calls"] == [[200, True, False], [300, True, False], [400, True, False]]
+    assert got["warmed"] == got["stats"] == 900
+    assert got["refused"] == [10, 20, 30, 666]  # the thread of 666 never reached 40
+    assert got["warmed_after"] == 900 + 60
+
+
 ON_STREAM_PROBE = r"""
 import json, torch
 from torch.cuda import _um_streams as S

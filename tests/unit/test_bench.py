@@ -702,6 +702,28 @@ def test_timeline_gaps_split_into_host_late_and_device_wait() -> None:
     assert out["memsets_by_stream"] == {"7": {"n": 1, "busy_s": 0.0025, "largest_ms": [2.5]}}
 
 
+def test_timeline_kernels_by_stream_and_their_overlap() -> None:
+    from bench import timeline_probe
+
+    def kernel(ts: float, dur: float, stream: int) -> dict[str, object]:
+        return {"cat": "kernel", "ph": "X", "ts": ts, "dur": dur, "name": "k", "args": {"stream": stream}}
+
+    events = [
+        kernel(0, 100, 7),  # compute
+        kernel(50, 100, 7),  # overlaps the one before on its own stream: counted once
+        kernel(0, 1000, 20),  # copy in
+        kernel(500, 1000, 21),  # copy out: 500 us with the copy in, 0 with compute
+        kernel(1900, 100, 21),
+        kernel(3000, 10, 22),  # a fourth stream, not among the three busiest
+    ]
+    rows = timeline_probe.summarize(events, 0, 8000)["kernels_by_stream"]
+    assert rows["7"] == {"n": 2, "busy_s": 0.00015}
+    assert rows["20"] == {"n": 1, "busy_s": 0.001}
+    assert rows["21"] == {"n": 2, "busy_s": 0.0011}
+    assert rows["22"] == {"n": 1, "busy_s": 0.00001}
+    assert rows["overlap_s"] == {"21&20": 0.0005, "21&7": 0.0, "20&7": 0.00015}
+
+
 def test_error_text_keeps_no_path_of_the_machine() -> None:
     def fail_in(filename: str) -> None:
         exec(compile("raise ValueError('boom')", filename, "exec"))

@@ -41,6 +41,24 @@ def test_forward_plan_offloads_the_earliest_saves() -> None:
     assert (p.seen, p.offloaded) == (500, 300)
 
 
+def test_buffers_to_warm_are_the_next_forwards_new_ones_within_the_host_room() -> None:
+    """Note [Host buffers made ahead]: the saves the next forward's plan sends away that
+    this forward kept, in order, within the host room; none when the target shrinks."""
+    saves = [(100, True), (200, True), (300, False), (400, False), (500, False)]
+    # the next target reaches into the fourth save: the third and fourth are new
+    assert plan.buffers_to_warm(saves, target=650, room=10_000) == [300, 400]
+    # the same decisions as ForwardPlan's, save by save
+    p = plan.ForwardPlan(target=650)
+    assert [p.offload(n) for n, _ in saves] == [True, True, True, True, False]
+    assert plan.buffers_to_warm(saves, target=250, room=10_000) == []  # shrank: cached
+    assert plan.buffers_to_warm(saves, target=10_000, room=10_000) == [300, 400, 500]
+    assert plan.buffers_to_warm(saves, target=10_000, room=750) == [300, 400]  # room caps
+    assert plan.buffers_to_warm(saves, target=10_000, room=299) == []
+    # a save that failed to leave (recorded as kept) is warmed for the next forward
+    assert plan.buffers_to_warm([(100, False), (100, True)], 1000, 1000) == [100]
+    assert plan.buffers_to_warm([], 1000, 1000) == []
+
+
 @dataclass
 class Step:
     evicted: int

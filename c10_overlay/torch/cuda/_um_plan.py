@@ -4,12 +4,13 @@ state staging] in ``torch/cuda/_um_optim.py``) and of the weight streaming (Note
 [Weight streaming] in ``torch/cuda/_um_weights.py``), kept apart from the CUDA work so
 that they can be tested on traces without a GPU: pure Python, no torch import.
 
-Six small parts, one job each:
+Small parts, one job each:
 
 - :class:`OffloadTarget` learns, one forward at a time, how many bytes of saved
   activations must leave the device so that the forward stays under the budget;
 - :class:`ForwardPlan` applies the target inside one forward: the earliest saves
-  leave, since the backward reads them last;
+  leave, since the backward reads them last; :func:`buffers_to_warm` says which host
+  buffers the next forward will need that this one did not take;
 - :class:`PrefetchQueue` brings the saves that left back in the reverse order of
   saving, as far ahead of their use as the lookahead and the free room allow, and
   widens the lookahead when a use finds its bytes not yet there;
@@ -91,6 +92,28 @@ class ForwardPlan:
         if leave:
             self.offloaded += nbytes
         return leave
+
+
+def buffers_to_warm(saves: list[tuple[int, bool]], target: int, room: int) -> list[int]:
+    """Sizes of the host buffers that the next forward, offloading up to ``target``, will
+    take and this one did not: ``saves`` is this forward's candidates in the order they
+    were saved, each with whether it left. The next forward's decisions are
+    ForwardPlan's over the same saves (the pattern repeats); the buffers of those that
+    left this time are in the host allocator's cache again by then. At most ``room``
+    bytes: the host RAM that page-locked memory may still take."""
+    plan = ForwardPlan(target)
+    warm: list[int] = []
+    total = 0
+    for nbytes, left in saves:
+        if not plan.offload(nbytes):
+            break  # every later save stays too
+        if left:
+            continue
+        if total + nbytes > room:
+            break
+        warm.append(nbytes)
+        total += nbytes
+    return warm
 
 
 class Entry:

@@ -29,6 +29,20 @@ hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) t
   compute stream's pool. A save not brought back in time is copied at its use, on
   the compute stream.
 
+Note [Host buffers made ahead]
+The page-locked buffers come from torch's host allocator, which caches them: a forward
+that offloads no more than the one before takes them back at no cost, but one that
+offloads more asks the driver for page-locked memory inside the forward, on its thread.
+On the H200 host that ran at about 1.6 GB/s: the third step of the 1.28 B model's
+training, the first to offload its 7 GB, took 5-12 s against 0.6 s after
+(bench/README.md, step 46). So at a forward's end, once the target for the next one is
+known, ``buffers_to_warm`` (_um_plan.py) lists the buffers the next forward will take
+that this one did not (its saves repeat), within the host RAM ``host_headroom`` leaves,
+and WARM_THREADS threads make them and free them at once into the allocator's cache,
+while the backward and the optimizer step run. The next forward first waits for them
+(so that no buffer is made twice), then takes them from the cache. A buffer not made
+(refused, or a save the pattern did not foresee) is made by the forward as before.
+
 Correctness does not depend on any prediction: a wrong target or order only moves
 bytes at another time. The unpacked tensor is a view, with the saved tensor's size,
 stride and offset, of a device copy of its whole storage, made after the forward
@@ -61,6 +75,7 @@ from torch.cuda._um_streams import side_stream, wait_stream
 
 MIN_BYTES = 1 << 20  # smaller saves are not worth a copy each way
 COPY_WINDOW = 512 << 20  # bytes of copies to the host in flight (Offloader._throttle)
+WARM_THREADS = 4  # threads that make page-locked buffers ahead (Offloader._warm)
 
 
 class _Stored(plan.Entry):  # type: ignore[misc]  # Any to mypy: the lint venv has no torch
@@ -112,6 +127,7 @@ class _Forward:
         self.decided: dict[tuple[int, int], _Stored | None] = {}  # None: kept on the device
         self.copying: collections.deque[tuple[torch.cuda.Event, int]] = collections.deque()
         self.copying_bytes = 0
+        self.saves: list[tuple[int, bool]] = []  # candidates in order: (bytes, left)
 
 
 Counters = Callable[[int], "tuple[int, int]"]  # device -> (evicted bytes so far, free room)
@@ -136,6 +152,8 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         self.margin = margin
         self.active = True
         self.offloaded_last = 0  # the most bytes a forward has offloaded (buffers cached)
+        self.warmed = 0  # bytes of buffers made ahead for the next forward (Offloader._warm)
+        self._warming: threading.Thread | None = None
         self._latest: weakref.ref[plan.PrefetchQueue] | None = None
         self.stats = dict.fromkeys(
             (
@@ -150,6 +168,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
                 "miss_bytes",
                 "failures",
                 "host_limited",
+                "warmed_bytes",
                 "room_stops",
                 "lookahead_stops",
             ),
@@ -181,14 +200,17 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         device = next((t.device.index for t in own if t.is_cuda), None)
         if device is None:
             device = torch.cuda.current_device()
+        self._join_warming()  # its buffers are in the host allocator's cache after this
         with self._lock:
             queue = plan.PrefetchQueue(self.max_lookahead, self.lookahead)
             self._latest = weakref.ref(queue)
             target = self.target.bytes
             # Page-locked buffers are host RAM the kernel cannot reclaim: a forward
             # that would need more of it than host_headroom leaves offloads less (the
-            # host allocator keeps the last forward's buffers for the next one).
-            grow = max(0, target - self.offloaded_last)
+            # host allocator keeps the last forward's buffers, and those made ahead for
+            # this one, for it).
+            grow = max(0, target - self.offloaded_last - self.warmed)
+            self.warmed = 0
             room = self._host_room()
             if grow > room:
                 target = max(0, target - (grow - room))
@@ -207,6 +229,49 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             self.stats["offloaded_bytes"] += fwd.plan.offloaded
             self.offloaded_last = max(self.offloaded_last, fwd.plan.offloaded)
             self.stats["kept_bytes"] += fwd.plan.seen - fwd.plan.offloaded
+            warm = plan.buffers_to_warm(fwd.saves, self.target.bytes, self._host_room())
+        if warm:
+            self._start_warming(warm)
+
+    # ---- page-locked buffers made ahead (Note [Host buffers made ahead]) ---------------
+
+    def _start_warming(self, sizes: list[int]) -> None:
+        self._join_warming()
+        self._warming = threading.Thread(
+            target=self._warm, args=(sizes,), name="torch.cuda.um warm", daemon=False
+        )
+        self._warming.start()
+
+    def _join_warming(self) -> None:
+        warming, self._warming = self._warming, None
+        if warming is not None:
+            warming.join()
+
+    def _warm(self, sizes: list[int]) -> None:
+        """Make page-locked buffers of ``sizes`` on WARM_THREADS threads and free them:
+        the host allocator caches them for the next forward's copies. A refusal stops
+        a thread; the forward then takes what is missing itself, as before."""
+        made = [0] * WARM_THREADS
+
+        def make(k: int) -> None:
+            held = []
+            try:
+                for n in sizes[k::WARM_THREADS]:
+                    held.append(torch.empty(n, dtype=torch.uint8, pin_memory=True))
+                    made[k] += n
+            except RuntimeError:
+                pass  # page-locked memory refused: the forward meets it itself
+            del held  # back to the host allocator's cache, unused
+
+        helpers = [threading.Thread(target=make, args=(k,)) for k in range(1, WARM_THREADS)]
+        for h in helpers:
+            h.start()
+        make(0)
+        for h in helpers:
+            h.join()
+        with self._lock:
+            self.warmed += sum(made)
+            self.stats["warmed_bytes"] += sum(made)
 
     def _abandon(self, fwd: _Forward) -> None:
         """The hooks came off during ``fwd``'s forward: its saved-tensor hooks are taken off
@@ -247,6 +312,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
                 # the storage that left was freed and its address reused: a new one
             if not fwd.plan.offload(nbytes):
                 fwd.decided[key] = None
+                fwd.saves.append((nbytes, False))
                 return t
         try:
             stored = self._offload(t, storage, nbytes, fwd.queue)
@@ -254,6 +320,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             with self._lock:
                 fwd.plan.offloaded -= nbytes
                 fwd.decided[key] = None
+                fwd.saves.append((nbytes, False))
                 self.stats["failures"] += 1
                 if self.stats["failures"] == 1:
                     warnings.warn(
@@ -262,6 +329,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             return t
         with self._lock:
             self.stats["offloaded_saves"] += 1
+            fwd.saves.append((nbytes, True))
             fwd.decided[key] = stored
             fwd.queue.add(weakref.ref(stored))
         self._throttle(fwd, stored)

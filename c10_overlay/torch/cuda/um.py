@@ -1432,7 +1432,9 @@ def predict_stats() -> dict[str, int]:
     ``predict.misses`` / ``predict.miss_bytes`` (copied back at the use),
     ``predict.lookahead_bytes``, ``predict.failures`` (saves that stayed because
     page-locked memory was refused), ``predict.host_limited`` (forwards that offloaded
-    less to leave ``host_headroom`` of host RAM), ``predict.room_stops`` /
+    less to leave ``host_headroom`` of host RAM), ``predict.warmed_bytes`` (page-locked
+    buffers made ahead of the forward that takes them, Note [Host buffers made ahead]),
+    ``predict.room_stops`` /
     ``predict.lookahead_stops`` (uses after which the next save could not be brought
     back yet for want of room under the budget, or of lookahead); and of the
     optimizer state staging
