@@ -5,7 +5,7 @@ fit the same budget by other means.
 
     python -m bench.residency {train,infer,generate,ddp} --stock-pythonpath STOCK
         --um-pythonpath UM
-        [--prev-pythonpath PREV] [--rounds 2] [--steps 10] [--warmup 2] [--budget SIZE]
+        [--prev-pythonpath PREV] [--rounds 2] [--steps 10] [--warmup 3] [--budget SIZE]
         [--modes a,b,...] [--model gpt2-1.28b|llama-1.1b] [--out DIR]
 
 The model (``--model``, bench/models.py): by default ``gpt2-1.28b``,
@@ -1152,7 +1152,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=None, help="comma-separated subset (default: all)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per worker")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed steps before them (3: the offload's target and buffers settle in "
+        "a training run's first three steps, bench/README.md step 46)",
+    )
     ap.add_argument(
         "--budget",
         default=None,
