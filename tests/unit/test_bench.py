@@ -1175,3 +1175,37 @@ def test_copy_routes_both_ways_puts_each_direction_on_its_own_stream() -> None:
     # the data check compares what each copy wrote with its source: a fake whose tensors
     # are all distinct reads as wrong data
     assert all(r["equal"] is False for r in rows)
+
+
+def test_pinned_alloc_probe_runs_every_route_and_thread_count(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import pinned_alloc_probe as probe
+
+    asked: list[tuple[str, int]] = []
+
+    def fake(
+        module: str, args: list[str], pythonpath: object, timeout: int, base: dict[str, Any]
+    ) -> dict[str, Any]:
+        assert module == "bench.pinned_alloc_probe" and pythonpath is None
+        conf, threads = args[args.index("--conf") + 1], int(args[args.index("--threads") + 1])
+        assert base == {"route": base["route"], "conf": conf, "threads": threads}
+        asked.append((conf, threads))
+        if conf.endswith(":16") and threads == 4:
+            return {**base, "error": "worker gave no result (exit 1):\nRuntimeError: refused"}
+        return {**base, "bytes": 8, "first_s": 4.0, "first_gbps": 2.0, "again_s": 0.001,
+                "pinned": True, "intact": True, "machine": {"gpu": "NVIDIA H200"}}  # fmt: skip
+
+    monkeypatch.setattr(probe, "run_worker_safely", fake)
+    out = tmp_path / "pinned.json"
+    status = probe.main(["--gib", "1", "--buffer-mib", "8", "--json", str(out)])
+    assert status == 1  # one case failed
+    assert asked == [(c, t) for c in probe.ROUTES.values() for t in probe.THREADS]
+    record = json.loads(out.read_text())
+    assert record["machine"] == {"gpu": "NVIDIA H200"} and record["buffer_bytes"] == 8 << 20
+    assert [r["route"] for r in record["rows"]] == [r for r in probe.ROUTES for _ in probe.THREADS]
+    assert all("machine" not in r for r in record["rows"])
+    text = capsys.readouterr().out
+    assert "2.0 GB/s first" in text and "error: RuntimeError: refused" in text
+    with pytest.raises(common.BenchError, match="at least one buffer"):
+        probe.main(["--gib", "0.001", "--buffer-mib", "8"])
