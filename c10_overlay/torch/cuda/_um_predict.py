@@ -47,8 +47,7 @@ CUDA context that already exists, whichever device is current on the calling thr
 so a DDP rank's threads make no context on another GPU. Measured (step 46): the third
 step 7.36 -> 1.49 s, but the next forward waited 3.6 s for the buffers made ahead for
 it; four threads made them at about 2 GB/s, barely faster than one (the driver's
-page-locking runs mostly one at a time), so the first three steps took 11.0 s against
-16.2.
+page-locking runs mostly one at a time), so steps 1-2 took 8.2 s against 10.4.
 
 Correctness does not depend on any prediction: a wrong target or order only moves
 bytes at another time. The unpacked tensor is a view, with the saved tensor's size,
