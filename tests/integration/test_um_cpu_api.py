@@ -712,6 +712,41 @@ off._start_warming([666, 10, 20, 30, 40])  # the first thread is refused at once
 off._join_warming()
 out["refused"] = sorted(c[0] for c in calls)
 out["warmed_after"] = off.warmed
+
+# A target no larger than what left this time warms nothing (and reads no host room).
+rooms = []
+off2 = P.Offloader(lambda device: (0, 0), lambda: rooms.append(1) or 10_000, 1 << 30, 100)
+off2.target.bytes = 300
+fwd = P._Forward(300, P.plan.PrefetchQueue(1 << 30, 0), set(), 0, 0)
+fwd.saves = [(100, True), (200, True), (300, False)]
+fwd.plan.seen, fwd.plan.offloaded = 600, 300
+torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
+off2._end(fwd)
+out["unchanged"] = {"started": off2._warming is not None, "room_reads": len(rooms)}
+
+# The next forward's start waits for the buffers made ahead and counts them as cached:
+# a target 900 past the last forward's 100, all of it made ahead, needs no host room.
+torch.empty = real_empty
+module = torch.nn.Linear(2, 2)
+slow = threading.Event()
+torch.empty = lambda n, dtype=None, pin_memory=False, **kw: slow.wait(0.5) or real_empty(0)
+off3 = P.Offloader(lambda device: (0, 0), lambda: 0, 1 << 30, 100)
+off3.target.bytes, off3.offloaded_last = 1000, 100
+off3._start_warming([900])
+warming = off3._warming
+# no GPU here: the module's parameters are on the CPU, and nothing is being captured
+torch.cuda.current_device = lambda: 0
+torch.cuda.is_current_stream_capturing = lambda: False
+fwd3 = off3._begin(module)
+out["has_top"] = hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks")
+if fwd3 is not None:
+    torch._C._autograd._pop_saved_tensors_default_hooks()
+    out["begin"] = {
+        "joined": not warming.is_alive(),
+        "target": fwd3.plan.target,
+        "host_limited": off3.stats["host_limited"],
+        "warmed_left": off3.warmed,
+    }
 print(json.dumps(out))
 """
 
@@ -720,7 +755,8 @@ def test_offloader_makes_the_next_forwards_host_buffers_ahead(um: tuple[UmPath, 
     """Note [Host buffers made ahead]: at a forward's end the page-locked buffers the next
     forward will take and this one did not are made off the forward's thread and freed
     into the host allocator's cache; a refusal stops one thread, and only what was made
-    counts."""
+    counts; a target that does not grow makes none; the next forward's start waits for
+    them and does not count them against the host room again."""
     _, venv = um
     got = probe(venv, WARM_PROBE)
     assert got["target"] == 650 and got["started"] is True
@@ -728,6 +764,11 @@ def test_offloader_makes_the_next_forwards_host_buffers_ahead(um: tuple[UmPath, 
     assert got["warmed"] == got["stats"] == 900
     assert got["refused"] == [10, 20, 30, 666]  # the thread of 666 never reached 40
     assert got["warmed_after"] == 900 + 60
+    assert got["unchanged"] == {"started": False, "room_reads": 0}
+    # the start waited, kept the whole target (no host room needed) and used the count up;
+    # torch 2.6 gets no offload at all (Note [Saved-activation offload])
+    begin = {"joined": True, "target": 1000, "host_limited": 0, "warmed_left": 0}
+    assert got.get("begin") == (begin if got["has_top"] else None)
 
 
 ON_STREAM_PROBE = r"""

@@ -235,7 +235,13 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             self.stats["offloaded_bytes"] += fwd.plan.offloaded
             self.offloaded_last = max(self.offloaded_last, fwd.plan.offloaded)
             self.stats["kept_bytes"] += fwd.plan.seen - fwd.plan.offloaded
-            warm = plan.buffers_to_warm(fwd.saves, self.target.bytes, self._host_room())
+            # Only a target past what left this time can want new buffers: the host's
+            # room is read (the engine reads /proc) in that case alone.
+            warm = (
+                plan.buffers_to_warm(fwd.saves, self.target.bytes, self._host_room())
+                if self.target.bytes > fwd.plan.offloaded
+                else []
+            )
         if warm:
             self._start_warming(warm)
 

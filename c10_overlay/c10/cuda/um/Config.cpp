@@ -320,7 +320,7 @@ Config parseConfig(
           "lean",
           "foreach",
           "foreach (one torch._foreach_copy_ launch a chunk) or lean (the "
-          "engine's own copy kernel, 2 SMs a copy)");
+          "engine's own copy kernel, 32 SMs a copy or predict_copy_sms)");
     } else if (key == "host_alloc") {
       cfg.host_alloc_managed = parseChoice(
           key,

@@ -67,9 +67,10 @@ struct Config {
   bool predict_copy_lean = true;
   // The kernel of the optimizer state staging's copies in and out (Note
   // [Optimizer state staging], torch/cuda/_um_optim.py): false is one
-  // torch._foreach_copy_ a chunk, true the lean kernel on 2 SMs a copy, small
-  // enough that a copy in and a copy out can run at once (bench/README.md, step
-  // 45). Off until a benchmark says it wins.
+  // torch._foreach_copy_ a chunk, true the lean kernel on 32 SMs a copy
+  // (predict_copy_sms where set to a count), so that a copy in and a copy out
+  // run at once. Off: in training it was no faster, the chunked foreach copies
+  // already overlapping both ways (bench/README.md, step 46).
   bool predict_stage_lean = false;
   // With predict: DistributedDataParallel's gradient buckets
   // (gradient_as_bucket_view) are forgotten between a step and the next
