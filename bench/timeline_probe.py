@@ -20,7 +20,12 @@ and busy seconds, with the seconds in which the three busiest streams ran kernel
 a time (did the staging's copy in and copy out overlap?).
 With ``--phases`` each step is split at synchronisations into forward, backward and
 optimizer, one line each, with the step's change in the engine's and the predictor's
-counters. A kernel that reads or writes host RAM in place runs
+counters. With ``--unpacks`` (``predict:True`` in ``--conf``) each step's backward also gets
+one line on the saves autograd read back: how many stayed on the device and how many had
+left by copy, the bytes the engine evicted before the first read, while the backward read
+saves that stayed, and while it read those that left, the least free room under the
+budget in each part, and the parameters' and gradients' bytes in host RAM at the
+backward's end (where its evictions come from). A kernel that reads or writes host RAM in place runs
 longer than its stock twin; a stream waiting for a migration or for the host sits idle.
 """
 
@@ -249,6 +254,26 @@ def _queued_between(
     return "+".join(sorted(names)) or "none"
 
 
+def unpack_parts(rows: list[dict[str, Any]], start_evicted: int) -> dict[str, Any]:
+    """One backward's saved-tensor reads (``rows`` in order: ``left``, whether the save had
+    left by copy; ``evicted``, the engine's evicted bytes so far; ``room``, free room under
+    the budget), split where the first save that left is read: what the engine evicted
+    before the first read (the loss's backward), while reading saves kept on the device,
+    and while reading those brought back."""
+    first = next((i for i, r in enumerate(rows) if r["left"]), len(rows))
+    kept, back = rows[:first], rows[first:]
+    at = [start_evicted] + [r["evicted"] for r in rows]
+    return {
+        "kept_reads": len(kept),
+        "left_reads": len(back),
+        "evicted_before_reads": at[1] - at[0] if rows else 0,
+        "evicted_while_kept": (at[first + 1 if back else first] - at[1]) if kept else 0,
+        "evicted_while_left": (at[-1] - at[first + 1]) if back else 0,
+        "min_room_kept": min((r["room"] for r in kept), default=None),
+        "min_room_left": min((r["room"] for r in back), default=None),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("stock", "um"), required=True)
@@ -265,7 +290,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="record Python calls too (with_stack: slower host, for the trace's gaps)",
     )
+    ap.add_argument(
+        "--unpacks",
+        action="store_true",
+        help="with --phases and predict:True: where the backward's evictions happen",
+    )
     a = ap.parse_args(argv)
+    if a.unpacks and (a.mode != "um" or not a.phases or "predict:True" not in a.conf):
+        raise BenchError("--unpacks needs --mode um, --phases and predict:True in --conf")
     import torch
 
     um = um_module(torch, a.mode)
@@ -294,7 +326,18 @@ def main(argv: list[str] | None = None) -> int:
             with phase("forward"):
                 loss = model(ids, labels=ids).loss
             with phase("backward"):
+                if reads is not None:
+                    reads.append({"start": um._engine_counters(torch.cuda.current_device())[0]})
                 loss.backward()
+            if reads is not None:
+                torch.cuda.synchronize()
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                reads.append(
+                    {
+                        "params_host": um.placement(model).host,
+                        "grads_host": um.placement(grads).host,
+                    }
+                )
             with phase("optimizer"):
                 opt.step()
 
@@ -304,9 +347,24 @@ def main(argv: list[str] | None = None) -> int:
             with torch.inference_mode():
                 model(ids)
 
+    reads: list[dict[str, Any]] | None = None
     for _ in range(a.warmup):
         step()
     torch.cuda.synchronize()
+    if a.unpacks:
+        recorded: list[dict[str, Any]] = []
+        reads = recorded
+        offloader = um._predictor()
+        read = offloader.unpack
+
+        def traced(packed: Any) -> Any:
+            """The offloader's unpack, recorded (autograd's thread)."""
+            left = not isinstance(packed, torch.Tensor)
+            evicted, room = um._engine_counters(torch.cuda.current_device())
+            recorded.append({"left": left, "evicted": evicted, "room": room})
+            return read(packed)
+
+        offloader.unpack = traced  # looked up at each forward's start
     marks: list[tuple[float, float]] = []
     counts: list[dict[str, int]] = []
 
@@ -369,6 +427,13 @@ def main(argv: list[str] | None = None) -> int:
             if t0 <= p0 < t1:
                 part = {"step": i, "phase": name, "s": round((p1 - p0) / 1e6, 4)}
                 print(json.dumps({**part, **summarize(events, p0, p1)}), flush=True)
+    if reads is not None:
+        # one backward: its start, its reads, then the placement at its end
+        starts = [i for i, r in enumerate(reads) if "start" in r]
+        for n, i in enumerate(starts):
+            end = next(j for j in range(i + 1, len(reads)) if "params_host" in reads[j])
+            part = unpack_parts(reads[i + 1 : end], reads[i]["start"])
+            print(json.dumps({"step": n, "phase": "backward reads", **part, **reads[end]}))
     print(json.dumps({"mode": a.mode, "free_at_start": free, "cap": cap if um else None}))
     return 0
 

@@ -259,3 +259,62 @@ def test_ledger_trace_replays_to_the_engines_counters(
     replayed = json.loads(done.stdout.splitlines()[0])
     assert replayed["order"] == "lru"
     assert {k: replayed[k] for k in keys} == stats
+
+
+_ROUTE_CHILD = """
+import torch
+
+def mapping(ptr):
+    # the /proc/self/maps line holding ptr: cudaHostAlloc's pages are a mapping of the
+    # driver's device file, malloc's (the registration route's) anonymous memory
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= ptr < hi:
+                return line.split()[5] if len(line.split()) > 5 else "(anonymous)"
+    return "(none)"
+
+torch.ones(1, device="cuda")
+before = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
+on = torch.cuda.um._prefer_registration()
+after = torch.empty(96 << 20, dtype=torch.uint8, pin_memory=True)  # not from the cache
+after.fill_(7)
+back = after.cuda().add_(1).cpu()
+assert after.is_pinned() and before.is_pinned()
+assert bool((back == 8).all())
+print("ON", on)
+print("BEFORE", mapping(before.data_ptr()))
+print("AFTER", mapping(after.data_ptr()))
+del before, after
+torch._C._host_emptyCache()  # each buffer freed by the route that made it
+print("FREED")
+"""
+
+
+def _route_lines(out: str) -> dict[str, str]:
+    return {
+        line.split(" ", 1)[0]: line.split(" ", 1)[1]
+        for line in out.splitlines()
+        if line.split(" ", 1)[0] in ("ON", "BEFORE", "AFTER") and " " in line
+    }
+
+
+def test_page_locked_buffers_by_registration(torch_mod: Any, um: Any, limits: Limits) -> None:
+    """Note [Page-locked buffers by registration] (torch/cuda/_um_pinned.py): once the
+    offload starts, torch's new page-locked buffers are malloc'd memory registered with
+    the driver (anonymous pages), those made before stay the driver's, and emptying the
+    host cache frees each by its own route; a program's own route setting stands."""
+    if torch.torch_version.TorchVersion(torch.__version__) < (2, 8):
+        pytest.skip("the route is switched on from torch 2.8 only (pytorch#146520)")
+    got = _route_lines(_run_child(_ROUTE_CHILD, subprocess_env(limits)))
+    assert got["ON"] == "True"
+    assert got["BEFORE"].startswith("/dev/nvidia"), got
+    assert not got["AFTER"].startswith("/dev/nvidia"), got
+    kept = _route_lines(
+        _run_child(
+            _ROUTE_CHILD,
+            subprocess_env(limits, PYTORCH_CUDA_ALLOC_CONF="pinned_use_cuda_host_register:False"),
+        )
+    )
+    assert kept["ON"] == "False"
+    assert kept["AFTER"].startswith("/dev/nvidia"), kept

@@ -724,6 +724,32 @@ def test_timeline_kernels_by_stream_and_their_overlap() -> None:
     assert rows["overlap_s"] == {"21&20": 0.0005, "21&7": 0.0, "20&7": 0.00015}
 
 
+def test_timeline_unpack_parts_split_the_backward_at_the_first_save_that_left() -> None:
+    from bench import timeline_probe
+
+    def read(left: bool, evicted: int, room: int) -> dict[str, object]:
+        return {"left": left, "evicted": evicted, "room": room}
+
+    rows = [
+        read(False, 150, 40),  # the loss's backward evicted 50 before the first read
+        read(False, 170, 10),
+        read(True, 200, 90),  # the first save that left: 50 more while reading kept saves
+        read(False, 200, 70),  # a small save that stayed, read among those brought back
+        read(True, 260, 60),
+    ]
+    assert timeline_probe.unpack_parts(rows, 100) == {
+        "kept_reads": 2,
+        "left_reads": 3,
+        "evicted_before_reads": 50,
+        "evicted_while_kept": 50,
+        "evicted_while_left": 60,
+        "min_room_kept": 10,
+        "min_room_left": 60,
+    }
+    assert timeline_probe.unpack_parts(rows[2:], 200)["evicted_while_kept"] == 0
+    assert timeline_probe.unpack_parts([], 0)["min_room_left"] is None
+
+
 def test_error_text_keeps_no_path_of_the_machine() -> None:
     def fail_in(filename: str) -> None:
         exec(compile("raise ValueError('boom')", filename, "exec"))

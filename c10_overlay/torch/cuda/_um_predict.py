@@ -159,6 +159,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         self.active = True
         self.offloaded_last = 0  # the most bytes a forward has offloaded (buffers cached)
         self.warmed = 0  # bytes of buffers made ahead for the next forward (Offloader._warm)
+        self.register_route = False  # page-locked buffers by cudaHostRegister (um.py sets it)
         self._warming: threading.Thread | None = None
         self._latest: weakref.ref[plan.PrefetchQueue] | None = None
         self.stats = dict.fromkeys(
@@ -445,4 +446,5 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             out = {f"predict.{k}": v for k, v in self.stats.items()}
             out["predict.target_bytes"] = self.target.bytes
             out["predict.lookahead_bytes"] = self.lookahead
+            out["predict.register_route"] = int(self.register_route)
         return out

@@ -1273,7 +1273,19 @@ def _predictor() -> Any:
         lookahead = int(cfg.get("predict_lookahead", 1 << 30))
         margin = max(16 << 20, _current_budget() // 16)  # room the offload leaves unplanned
         _offloader = _um_predict.Offloader(_engine_counters, _host_room, lookahead, margin)
+        _offloader.register_route = _prefer_registration()
     return _offloader
+
+
+def _prefer_registration() -> bool:
+    """torch's page-locked buffers by cudaHostRegister from now on, where Note [Page-locked
+    buffers by registration] (torch/cuda/_um_pinned.py) allows; whether they are."""
+    from torch.cuda import _um_pinned
+
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:  # before 2.9
+        setter = torch._C._cuda_cudaCachingAllocator_set_allocator_settings
+    return bool(_um_pinned.prefer_registration(torch.__version__, setter)[0])
 
 
 _stager: Any = None
@@ -1434,6 +1446,8 @@ def predict_stats() -> dict[str, int]:
     page-locked memory was refused), ``predict.host_limited`` (forwards that offloaded
     less to leave ``host_headroom`` of host RAM), ``predict.warmed_bytes`` (page-locked
     buffers made ahead of the forward that takes them, Note [Host buffers made ahead]),
+    ``predict.register_route`` (1: page-locked buffers are made by cudaHostRegister,
+    Note [Page-locked buffers by registration], torch/cuda/_um_pinned.py),
     ``predict.room_stops`` /
     ``predict.lookahead_stops`` (uses after which the next save could not be brought
     back yet for want of room under the budget, or of lookahead); and of the

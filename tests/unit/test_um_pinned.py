@@ -1,0 +1,78 @@
+"""When the engine turns on torch's page-locked buffers by registration (Note [Page-locked
+buffers by registration], torch/cuda/_um_pinned.py): from torch 2.8, unless the program
+chose a route, with the program's own settings kept; once per process."""
+
+from __future__ import annotations
+
+import pytest
+
+from .helpers import load_overlay_module
+
+ROUTE = "pinned_use_cuda_host_register:True,pinned_num_register_threads:"
+
+
+@pytest.fixture
+def pinned():  # type: ignore[no-untyped-def]
+    return load_overlay_module("torch/cuda/_um_pinned.py", "um_pinned_under_test")
+
+
+@pytest.mark.parametrize("version", ["2.6.0", "2.7.1+um", "garbage"])
+def test_torch_before_2_8_keeps_cudahostalloc(pinned, version: str) -> None:  # type: ignore[no-untyped-def]
+    settings, why = pinned.registration_settings(version, {}, 16)
+    assert settings is None and "2.8" in why
+
+
+@pytest.mark.parametrize(
+    ("cpus", "threads"), [(1, 1), (2, 2), (6, 4), (16, 16), (128, 16)]
+)
+def test_threads_are_a_power_of_two_up_to_16(pinned, cpus: int, threads: int) -> None:  # type: ignore[no-untyped-def]
+    settings, _ = pinned.registration_settings("2.11.0+um", {}, cpus)
+    assert settings == f"{ROUTE}{threads}"
+
+
+def test_the_programs_own_settings_are_kept_in_front(pinned) -> None:  # type: ignore[no-untyped-def]
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:256,"}
+    settings, _ = pinned.registration_settings("2.8.0", env, 16)
+    assert settings == f"expandable_segments:True,max_split_size_mb:256,{ROUTE}16"
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        "pinned_use_cuda_host_register:False",
+        "expandable_segments:True, pinned_num_register_threads:4",
+        "pinned_use_hip_host_register:True",
+    ],
+)
+def test_a_route_the_program_chose_stands(pinned, conf: str) -> None:  # type: ignore[no-untyped-def]
+    settings, why = pinned.registration_settings("2.11.0", {"PYTORCH_CUDA_ALLOC_CONF": conf}, 16)
+    assert settings is None and "PYTORCH_CUDA_ALLOC_CONF" in why
+
+
+def test_pytorch_alloc_conf_is_read_from_2_9_and_wins(pinned) -> None:  # type: ignore[no-untyped-def]
+    env = {
+        "PYTORCH_ALLOC_CONF": "pinned_use_cuda_host_register:False",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
+    settings, why = pinned.registration_settings("2.9.1", env, 16)
+    assert settings is None and "PYTORCH_ALLOC_CONF" in why
+    # 2.8 does not read PYTORCH_ALLOC_CONF: its own variable's settings are carried
+    settings, _ = pinned.registration_settings("2.8.0", env, 16)
+    assert settings == f"expandable_segments:True,{ROUTE}16"
+
+
+def test_applied_once_per_process_and_a_refusal_keeps_the_default(pinned) -> None:  # type: ignore[no-untyped-def]
+    calls: list[str] = []
+    assert pinned.prefer_registration("2.11.0", calls.append, {})[0] is True
+    assert pinned.prefer_registration("2.11.0", calls.append, {})[0] is True
+    assert len(calls) == 1 and calls[0].startswith(ROUTE)
+
+    fresh = load_overlay_module("torch/cuda/_um_pinned.py", "um_pinned_refused")
+
+    def refuse(settings: str) -> None:
+        raise RuntimeError("Unrecognized key 'pinned_use_cuda_host_register'")
+
+    on, why = fresh.prefer_registration("2.11.0", refuse, {})
+    assert on is False and "Unrecognized key" in why
+    assert fresh.prefer_registration("2.11.0", calls.append, {})[0] is False  # decided
+    assert len(calls) == 1
