@@ -702,8 +702,10 @@ fwd = P._Forward(0, P.plan.PrefetchQueue(1 << 30, 0), set(), 0, 0)
 fwd.saves = [(100, True), (200, False), (300, False), (400, False)]
 fwd.plan.seen, fwd.plan.offloaded = 1000, 100
 torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
-off._end(fwd)  # the target grows to 650: the next forward sends the first four saves
-out = {"target": off.target.bytes, "started": off._warming is not None}
+off._end(fwd)  # opens the kept saves' window: nothing learnt yet
+out = {"open": off._window is not None, "target_at_end": off.target.bytes}
+off._learn(off._window)  # the target grows to 650: the next forward sends the first four saves
+out.update(target=off.target.bytes, started=off._warming is not None, closed=off._window is None)
 off._join_warming()
 out["calls"] = sorted(calls)
 out["warmed"], out["stats"] = off.warmed, off.stats["warmed_bytes"]
@@ -722,6 +724,7 @@ fwd.saves = [(100, True), (200, True), (300, False)]
 fwd.plan.seen, fwd.plan.offloaded = 600, 300
 torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
 off2._end(fwd)
+off2._learn(off2._window)
 out["unchanged"] = {"started": off2._warming is not None, "room_reads": len(rooms)}
 
 # The next forward's start waits for the buffers made ahead and counts them as cached:
@@ -759,7 +762,8 @@ def test_offloader_makes_the_next_forwards_host_buffers_ahead(um: tuple[UmPath, 
     them and does not count them against the host room again."""
     _, venv = um
     got = probe(venv, WARM_PROBE)
-    assert got["target"] == 650 and got["started"] is True
+    assert got["open"] is True and got["target_at_end"] == 0
+    assert got["target"] == 650 and got["started"] is True and got["closed"] is True
     assert got["calls"] == [[200, True, False], [300, True, False], [400, True, False]]
     assert got["warmed"] == got["stats"] == 900
     assert got["refused"] == [10, 20, 30, 666]  # the thread of 666 never reached 40
@@ -769,6 +773,63 @@ def test_offloader_makes_the_next_forwards_host_buffers_ahead(um: tuple[UmPath, 
     # torch 2.6 gets no offload at all (Note [Saved-activation offload])
     begin = {"joined": True, "target": 1000, "host_limited": 0, "warmed_left": 0}
     assert got.get("begin") == (begin if got["has_top"] else None)
+
+
+WINDOW_PROBE = r"""
+import json, torch
+from torch.cuda import _um_predict as P
+
+state = {"evicted": 0, "room": 600}
+out = {}
+
+def offloader():
+    return P.Offloader(lambda device: (state["evicted"], state["room"]), lambda: 0, 1 << 30, 100)
+
+def forward_end(off):
+    fwd = P._Forward(0, P.plan.PrefetchQueue(1 << 30, 0), set(), 0, 0)
+    fwd.plan.seen = 4 << 20
+    torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
+    off._end(fwd)  # room 600 at the forward's end: past the margin of 100
+
+# The backward's start is the peak: 300 bytes evicted and no room while it reads a kept save
+off = offloader()
+forward_end(off)
+x = torch.randn(1 << 19, requires_grad=True)  # a 2 MiB save, kept
+torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, off.unpack)
+y = (x * x).sum()
+torch._C._autograd._pop_saved_tensors_default_hooks()
+state.update(evicted=300, room=0)
+out["open_before"] = off._window is not None
+y.backward()
+out["backward"] = {"closed": off._window is None, "target": off.target.bytes}
+
+# A forward whose backward never comes: the next forward's end closes its window
+state.update(evicted=0, room=600)
+off2 = offloader()
+off2.target.bytes = 400
+forward_end(off2)
+first = off2._window
+forward_end(off2)
+out["no_backward"] = {
+    "first_closed": off2._window is not first and off2._window is not None,
+    "target": off2.target.bytes,
+}
+print(json.dumps(out))
+"""
+
+
+def test_the_target_learns_from_the_kept_saves_window(um: tuple[UmPath, Path]) -> None:
+    """Note [The kept saves' window]: a forward's end opens it, a read of a kept save in
+    the backward reads the room and asks the backward's end to close it, and the target
+    learns then: from the least room seen and the evictions up to the close, not from the
+    forward's end (where this room was 600, past the margin: the target would shrink). A
+    window whose backward never came is closed by the next forward's end."""
+    _, venv = um
+    got = probe(venv, WINDOW_PROBE)
+    assert got["open_before"] is True
+    assert got["backward"] == {"closed": True, "target": 300}
+    # room 600 at both ends, no evictions: the target shrinks by 3/4 of 500
+    assert got["no_backward"] == {"first_closed": True, "target": 400 - 375}
 
 
 ON_STREAM_PROBE = r"""

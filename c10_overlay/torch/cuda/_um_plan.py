@@ -50,11 +50,13 @@ Touch = Callable[[list["torch.Tensor"]], None]
 class OffloadTarget:
     """Bytes of the next forward's saves to offload, learned from the forwards before.
 
-    After each forward: room left on the device at the forward's end (where the saves
-    peak), past ``margin``, means too much left, so the target shrinks by three quarters
-    of it (less than all of it keeps it from oscillating); otherwise evictions the
-    engine made during the forward mean that too little left by copy, so the target
-    grows by those bytes (the overflow the copies did not cover).
+    After each forward's window (Note [The kept saves' window], _um_predict.py: from
+    the forward's end into the backward, while the saves that stayed are on the device):
+    room left on the device at the window's tightest point, past ``margin``, means too
+    much left, so the target shrinks by three quarters of it (less than all of it keeps
+    it from oscillating); otherwise evictions the engine made from the forward's start
+    to the window's end mean that too little left by copy, so the target grows by those
+    bytes (the overflow the copies did not cover).
     The target never exceeds the bytes the last forward saved. The first forward
     offloads nothing: it is the plain residency policy, and its evictions are the
     first measurement. A pattern that changes (a new batch size, ``model.eval()``)
@@ -68,8 +70,8 @@ class OffloadTarget:
     def update(self, evicted: int, room: int, saved: int) -> int:
         self.forwards += 1
         if room > self.margin:
-            # Room to spare at the end, where the saves peak: evictions during this
-            # forward (data left cold by an earlier phase) were not for want of room.
+            # Room to spare where the kept saves peak: evictions in the window (data
+            # left cold by an earlier phase) were not for want of room.
             target = self.bytes - (room - self.margin) * 3 // 4
         else:
             target = self.bytes + max(0, evicted)

@@ -11,8 +11,9 @@ link's 52-55 GB/s each way. So, with ``predict:True`` and once the module hooks 
 hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) that:
 
 - pack: offload the earliest saves of the forward, those the backward reads last, up
-  to a target in bytes (``_um_plan.OffloadTarget``: shrunk by most of the room left at
-  a forward's end, else grown by the bytes the engine had to evict during it). A save
+  to a target in bytes (``_um_plan.OffloadTarget``: shrunk by most of the room left
+  at the tightest point of the kept saves' window, else grown by the bytes the engine
+  had to evict up to its end; Note [The kept saves' window]). A save
   that leaves is copied whole (its storage, once per storage and version) on a side
   stream into page-locked host memory; autograd keeps the host copy, and the device
   block goes back to the allocator when the forward drops the tensor (``record_stream``
@@ -29,14 +30,31 @@ hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) t
   compute stream's pool. A save not brought back in time is copied at its use, on
   the compute stream.
 
+Note [The kept saves' window]
+The saves that stay on the device live from their forward to the backward's reads of
+them, which come first: the backward reads the last saves first, and those are the ones
+kept. So the device is fullest not at the forward's end but some way into the backward,
+once the loss's and the last layers' gradients are added to every kept save and the
+parameters. Learning from the forward's end alone, the target left the backward to
+evict for that: on the 1.28 B model, 484 MB in every step's backward, all of it while
+the kept saves were read, brought back by touch at migration speed (bench/README.md,
+step 47, ``timeline_probe --unpacks``). So a forward's end opens a window that closes at
+the backward's first read of a save that left (from then on the kept saves are gone and
+the prefetch works within the room), or at the backward's end (``queue_callback``, the
+first read of the backward asks for it), or at the next forward's start if no backward
+came. While it is open each read of a kept save of at least MIN_BYTES reads the room
+under the budget; when it closes the target learns from the least room seen and the
+evictions since the forward's start (``Offloader._learn``), and the buffers the next
+forward will take are made from then on.
+
 Note [Host buffers made ahead]
 The page-locked buffers come from torch's host allocator, which caches them: a forward
 that offloads no more than the one before takes them back at no cost, but one that
 offloads more asks the driver for page-locked memory inside the forward, on its thread.
 On the H200 host that ran at about 1.6 GB/s: the third step of the 1.28 B model's
 training, the first to offload its 7 GB, took 5-12 s against 0.6 s after
-(bench/README.md, step 46). So at a forward's end, once the target for the next one is
-known, ``buffers_to_warm`` (_um_plan.py) lists the buffers the next forward will take
+(bench/README.md, step 46). So once the target for the next forward is known (its
+window closes), ``buffers_to_warm`` (_um_plan.py) lists the buffers the next forward will take
 that this one did not (its saves repeat), within the host RAM ``host_headroom`` leaves,
 and WARM_THREADS threads make them and free them at once into the allocator's cache,
 while the backward and the optimizer step run. The next forward first waits for them
@@ -47,7 +65,9 @@ CUDA context that already exists, whichever device is current on the calling thr
 so a DDP rank's threads make no context on another GPU. Measured (step 46): the third
 step 7.36 -> 1.49 s, but the next forward waited 3.6 s for the buffers made ahead for
 it; four threads made them at about 2 GB/s, barely faster than one (the driver's
-page-locking runs mostly one at a time), so steps 1-2 took 8.2 s against 10.4.
+page-locking runs mostly one at a time), so steps 1-2 took 8.2 s against 10.4. With
+torch's registration route (Note [Page-locked buffers by registration], _um_pinned.py)
+they are made at about 11 GB/s: steps 1-2 took 3.2 s against 8.1 (step 47).
 
 Correctness does not depend on any prediction: a wrong target or order only moves
 bytes at another time. The unpacked tensor is a view, with the saved tensor's size,
@@ -136,6 +156,20 @@ class _Forward:
         self.saves: list[tuple[int, bool]] = []  # candidates in order: (bytes, left)
 
 
+class _Window:
+    """The time a forward's kept saves live on the device, from the forward's end to the
+    backward's first read of a save that left (or its end): Note [The kept saves' window]."""
+
+    def __init__(self, fwd: _Forward, room: int) -> None:
+        self.device = fwd.device
+        self.evicted = fwd.evicted  # the engine's evicted bytes at the forward's start
+        self.room = room  # the least free room seen in the window so far
+        self.seen = fwd.plan.seen
+        self.offloaded = fwd.plan.offloaded
+        self.saves = fwd.saves
+        self.callback = False  # the backward's end will close it
+
+
 Counters = Callable[[int], "tuple[int, int]"]  # device -> (evicted bytes so far, free room)
 
 
@@ -161,6 +195,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         self.warmed = 0  # bytes of buffers made ahead for the next forward (Offloader._warm)
         self.register_route = False  # page-locked buffers by cudaHostRegister (um.py sets it)
         self._warming: threading.Thread | None = None
+        self._window: _Window | None = None
         self._latest: weakref.ref[plan.PrefetchQueue] | None = None
         self.stats = dict.fromkeys(
             (
@@ -207,6 +242,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         device = next((t.device.index for t in own if t.is_cuda), None)
         if device is None:
             device = torch.cuda.current_device()
+        self._learn(self._window)  # a forward whose backward never came, or not yet
         self._join_warming()  # its buffers are in the host allocator's cache after this
         with self._lock:
             queue = plan.PrefetchQueue(self.max_lookahead, self.lookahead)
@@ -226,21 +262,56 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
 
     def _end(self, fwd: _Forward) -> None:
         torch._C._autograd._pop_saved_tensors_default_hooks()
-        evicted, room = self._counters(fwd.device)
+        _, room = self._counters(fwd.device)
         with self._lock:
             for stored in fwd.decided.values():
                 if stored is not None:
                     stored.source = None
-            self.target.update(evicted - fwd.evicted, room, fwd.plan.seen)
             self.stats["forwards"] += 1
             self.stats["offloaded_bytes"] += fwd.plan.offloaded
             self.offloaded_last = max(self.offloaded_last, fwd.plan.offloaded)
             self.stats["kept_bytes"] += fwd.plan.seen - fwd.plan.offloaded
+        self._learn(self._window)  # an earlier forward's, whose backward has not come
+        with self._lock:
+            self._window = _Window(fwd, room)
+
+    # ---- the kept saves' window (Note [The kept saves' window]) ------------------------
+
+    def _watch(self, t: torch.Tensor) -> None:
+        """A read of a save that stayed on the device, by the backward (autograd's
+        thread): the room is read while the window is open, and the backward's end is
+        asked to close it."""
+        window = self._window
+        if window is None:
+            return
+        with self._lock:
+            first, window.callback = not window.callback, True
+        if first:
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda: self._learn(window)
+            )
+        if t.untyped_storage().nbytes() >= MIN_BYTES:
+            room = self._counters(window.device)[1]
+            with self._lock:
+                window.room = min(window.room, room)
+
+    def _learn(self, window: _Window | None) -> None:
+        """Close ``window`` if it is still open: the target learns from the evictions up
+        to now and the least room seen in it, and the buffers the next forward will take
+        beyond this one's start to be made (Note [Host buffers made ahead])."""
+        if window is None:
+            return
+        evicted = self._counters(window.device)[0]
+        with self._lock:
+            if self._window is not window:
+                return  # closed already
+            self._window = None
+            self.target.update(evicted - window.evicted, window.room, window.seen)
             # Only a target past what left this time can want new buffers: the host's
             # room is read (the engine reads /proc) in that case alone.
             warm = (
-                plan.buffers_to_warm(fwd.saves, self.target.bytes, self._host_room())
-                if self.target.bytes > fwd.plan.offloaded
+                plan.buffers_to_warm(window.saves, self.target.bytes, self._host_room())
+                if self.target.bytes > window.offloaded
                 else []
             )
         if warm:
@@ -416,11 +487,13 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
     def unpack(self, packed: object) -> torch.Tensor:
         if not isinstance(packed, _Packed):
             assert isinstance(packed, torch.Tensor)
+            self._watch(packed)
             queue = self._latest() if self._latest is not None else None
             if queue is not None and queue.cursor >= 0 and packed.is_cuda:
                 with self._lock:
                     self._pump(queue, packed.device)
             return packed
+        self._learn(self._window)  # the first save that left is read: the window ends
         stored = packed.stored
         device = stored.device
         compute = torch.cuda.current_stream(device)
