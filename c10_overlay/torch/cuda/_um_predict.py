@@ -43,10 +43,7 @@ the backward's first read of a save that left (from then on the kept saves are g
 the prefetch works within the room), or at the backward's end (``queue_callback``, the
 first read of the backward asks for it), or at the next forward's start if no backward
 came. While it is open each read of a kept save of at least MIN_BYTES reads the room
-under the budget, counting as room the saves brought back ahead and not read yet (the
-prefetch takes room only while it is free, down to the margin: without this the window
-read the margin taken by the prefetch as no room to spare, and the target overshot by
-0.84 GB, step 47); when it closes the target learns from the least room seen and the
+under the budget; when it closes the target learns from the least room seen and the
 evictions since the forward's start (``Offloader._learn``), and the buffers the next
 forward will take are made from then on.
 
@@ -170,7 +167,6 @@ class _Window:
         self.seen = fwd.plan.seen
         self.offloaded = fwd.plan.offloaded
         self.saves = fwd.saves
-        self.queue = fwd.queue
         self.callback = False  # the backward's end will close it
 
 
@@ -297,9 +293,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         if t.untyped_storage().nbytes() >= MIN_BYTES:
             room = self._counters(window.device)[1]
             with self._lock:
-                # bytes brought back ahead and not read yet took room only because it
-                # was free: they count as room
-                window.room = min(window.room, room + window.queue.inflight)
+                window.room = min(window.room, room)
 
     def _learn(self, window: _Window | None) -> None:
         """Close ``window`` if it is still open: the target learns from the evictions up
