@@ -803,6 +803,16 @@ out["open_before"] = off._window is not None
 y.backward()
 out["backward"] = {"closed": off._window is None, "target": off.target.bytes}
 
+# A save read outside a backward (grad_fn._saved_self runs the unpack hook): no error,
+# the window stays open for a later close
+state.update(evicted=0, room=600)
+off3 = offloader()
+forward_end(off3)
+torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, off3.unpack)
+z = x * x
+torch._C._autograd._pop_saved_tensors_default_hooks()
+out["read_outside"] = {"same": bool(z.grad_fn._saved_self.equal(x)), "open": off3._window is not None}
+
 # A forward whose backward never comes: the next forward's end closes its window
 state.update(evicted=0, room=600)
 off2 = offloader()
@@ -820,7 +830,8 @@ print(json.dumps(out))
 
 def test_the_target_learns_from_the_kept_saves_window(um: tuple[UmPath, Path]) -> None:
     """Note [The kept saves' window]: a forward's end opens it, a read of a kept save in
-    the backward reads the room and asks the backward's end to close it, and the target
+    the backward reads the room and asks the backward's end to close it (a read outside a
+    backward asks nothing, and raises nothing), and the target
     learns then: from the least room seen and the evictions up to the close, not from the
     forward's end (where this room was 600, past the margin: the target would shrink). A
     window whose backward never came is closed by the next forward's end."""
@@ -828,6 +839,7 @@ def test_the_target_learns_from_the_kept_saves_window(um: tuple[UmPath, Path]) -
     got = probe(venv, WINDOW_PROBE)
     assert got["open_before"] is True
     assert got["backward"] == {"closed": True, "target": 300}
+    assert got["read_outside"] == {"same": True, "open": True}
     # room 600 at both ends, no evictions: the target shrinks by 3/4 of 500
     assert got["no_backward"] == {"first_closed": True, "target": 400 - 375}
 

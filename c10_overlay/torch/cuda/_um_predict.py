@@ -287,9 +287,12 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         with self._lock:
             first, window.callback = not window.callback, True
         if first:
-            torch.autograd.Variable._execution_engine.queue_callback(
-                lambda: self._learn(window)
-            )
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    lambda: self._learn(window)
+                )
+            except RuntimeError:
+                pass  # read outside a backward (grad_fn._saved_*): closed later instead
         if t.untyped_storage().nbytes() >= MIN_BYTES:
             room = self._counters(window.device)[1]
             with self._lock:
@@ -298,7 +301,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
     def _learn(self, window: _Window | None) -> None:
         """Close ``window`` if it is still open: the target learns from the evictions up
         to now and the least room seen in it, and the buffers the next forward will take
-        beyond this one's start to be made (Note [Host buffers made ahead])."""
+        beyond this one's start being made (Note [Host buffers made ahead])."""
         if window is None:
             return
         evicted = self._counters(window.device)[0]

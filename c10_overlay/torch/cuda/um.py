@@ -1282,9 +1282,14 @@ def _prefer_registration() -> bool:
     buffers by registration] (torch/cuda/_um_pinned.py) allows; whether they are."""
     from torch.cuda import _um_pinned
 
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if setter is None:  # before 2.9
-        setter = torch._C._cuda_cudaCachingAllocator_set_allocator_settings
+    def setter(settings: str) -> None:
+        for name in ("_accelerator_setAllocatorSettings",  # 2.9 on
+                     "_cuda_cudaCachingAllocator_set_allocator_settings"):
+            if hasattr(torch._C, name):
+                getattr(torch._C, name)(settings)
+                return
+        raise RuntimeError("this torch has no call to set its allocator settings")
+
     return bool(_um_pinned.prefer_registration(torch.__version__, setter)[0])
 
 
