@@ -267,7 +267,7 @@ def unpack_parts(rows: list[dict[str, Any]], start_evicted: int) -> dict[str, An
         "kept_reads": len(kept),
         "left_reads": len(back),
         "evicted_before_reads": at[1] - at[0] if rows else 0,
-        "evicted_while_kept": (at[first + 1 if back else first] - at[1]) if kept else 0,
+        "evicted_while_kept": ((at[first + 1] if back else at[-1]) - at[1]) if kept else 0,
         "evicted_while_left": (at[-1] - at[first + 1]) if back else 0,
         "min_room_kept": min((r["room"] for r in kept), default=None),
         "min_room_left": min((r["room"] for r in back), default=None),

@@ -813,6 +813,28 @@ z = x * x
 torch._C._autograd._pop_saved_tensors_default_hooks()
 out["read_outside"] = {"same": bool(z.grad_fn._saved_self.equal(x)), "open": off3._window is not None}
 
+# The backward's first read of a save that left closes the window before any copy back
+# (the rest of that read needs CUDA: stopped at its first CUDA call here)
+class Stop(Exception):
+    pass
+
+def no_cuda(*args, **kwargs):
+    raise Stop
+
+torch.cuda.current_stream = no_cuda
+state.update(evicted=0, room=0)
+off5 = offloader()
+forward_end(off5)
+state.update(evicted=200, room=0)
+left = P._Packed.__new__(P._Packed)
+left.stored = P._Stored.__new__(P._Stored)
+left.stored.device = torch.device("cpu")
+try:
+    off5.unpack(left)
+except Stop:
+    pass
+out["first_left"] = {"closed": off5._window is None, "target": off5.target.bytes}
+
 # A forward whose backward never comes: the next forward's end closes its window
 state.update(evicted=0, room=600)
 off2 = offloader()
@@ -840,6 +862,8 @@ def test_the_target_learns_from_the_kept_saves_window(um: tuple[UmPath, Path]) -
     assert got["open_before"] is True
     assert got["backward"] == {"closed": True, "target": 300}
     assert got["read_outside"] == {"same": True, "open": True}
+    # the first read of a save that left: the evictions so far (200) are learnt then
+    assert got["first_left"] == {"closed": True, "target": 200}
     # room 600 at both ends, no evictions: the target shrinks by 3/4 of 500
     assert got["no_backward"] == {"first_closed": True, "target": 400 - 375}
 

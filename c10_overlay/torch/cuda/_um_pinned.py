@@ -10,7 +10,8 @@ page-locks mostly one call at a time (bench/README.md, step 47,
 ``pinned_num_register_threads`` threads touch its pages, then page-locks it with one
 cudaHostRegister. Measured on the same host: 6.7 GB/s from one thread with 16 register
 threads, 10.9-11.0 from four, every buffer page-locked and copied intact. That is the
-first training steps' time (the buffers of 7 GB of saves: about 3.5 s against 0.65 s).
+first training steps' time: with the route on, the 1.28 B model's steps 1-2 took 3.2 s
+against 8.1 (``bench.residency train``, step 47).
 
 So, when the offload first starts (um.py ``_predictor``), the engine turns that route on
 through torch's own allocator settings, unless the program chose a route itself. It is

@@ -45,7 +45,10 @@ first read of the backward asks for it), or at the next forward's start if no ba
 came. While it is open each read of a kept save of at least MIN_BYTES reads the room
 under the budget; when it closes the target learns from the least room seen and the
 evictions since the forward's start (``Offloader._learn``), and the buffers the next
-forward will take are made from then on.
+forward will take are made from then on. Measured (step 47): the backward's evictions
+484 MB -> 0-15 MB a step and the backward 0.29-0.31 -> 0.25-0.26 s, but the target
+settled 1.32 GB higher (the prefetch holds the kept phase's room near the margin), the
+forward took longer by as much, and the step stayed 0.595-0.602 s.
 
 Note [Host buffers made ahead]
 The page-locked buffers come from torch's host allocator, which caches them: a forward
