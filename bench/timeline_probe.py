@@ -25,7 +25,10 @@ one line on the saves autograd read back: how many stayed on the device and how 
 left by copy, the bytes the engine evicted before the first read, while the backward read
 saves that stayed, and while it read those that left, the least free room under the
 budget in each part, and the parameters' and gradients' bytes in host RAM at the
-backward's end (where its evictions come from). A kernel that reads or writes host RAM in place runs
+backward's end (where its evictions come from). With ``--bins MS`` each phase also gets,
+per MS milliseconds, the GB copied in and out and the compute stream's kernel time (when did
+the link and the compute stream each work?); ``--from-trace FILE`` prints the phase rows
+of a trace kept by ``--trace`` from a ``--phases`` run, without a GPU. A kernel that reads or writes host RAM in place runs
 longer than its stock twin; a stream waiting for a migration or for the host sits idle.
 """
 
@@ -254,6 +257,44 @@ def _queued_between(
     return "+".join(sorted(names)) or "none"
 
 
+def phase_bins(events: list[dict[str, Any]], t0: float, t1: float, width: float) -> dict[str, Any]:
+    """[t0, t1) cut into bins of ``width`` microseconds: in each, the GB the copies to the
+    device and to the host started there moved, and the milliseconds of kernels started
+    there on the stream that ran the most kernel time (the compute stream), with the
+    first of those kernels' start: when did the link and the compute stream each work?"""
+    n = max(1, int((t1 - t0 + width - 1) // width))
+    into, out, compute = [0.0] * n, [0.0] * n, [0.0] * n
+    per_stream: dict[Any, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("ph") != "X" or not t0 <= e["ts"] < t1:
+            continue
+        k = int((e["ts"] - t0) // width)
+        if e.get("cat") == "gpu_memcpy":
+            gb = float((e.get("args") or {}).get("bytes", 0)) / 1e9
+            name = str(e.get("name", ""))
+            if "HtoD" in name:
+                into[k] += gb
+            elif "DtoH" in name:
+                out[k] += gb
+        elif e.get("cat") == "kernel":
+            per_stream.setdefault((e.get("args") or {}).get("stream"), []).append(
+                (e["ts"], e["dur"])
+            )
+    first = None
+    if per_stream:
+        busiest = max(per_stream.values(), key=lambda ks: sum(d for _, d in ks))
+        for ts, dur in busiest:
+            compute[int((ts - t0) // width)] += dur / 1e3
+        first = round((min(ts for ts, _ in busiest) - t0) / 1e3, 2)
+    return {
+        "bin_ms": width / 1e3,
+        "first_kernel_ms": first,
+        "in_GB": [round(x, 3) for x in into],
+        "out_GB": [round(x, 3) for x in out],
+        "compute_ms": [round(x, 2) for x in compute],
+    }
+
+
 def unpack_parts(rows: list[dict[str, Any]], start_evicted: int) -> dict[str, Any]:
     """One backward's saved-tensor reads (``rows`` in order: ``left``, whether the save had
     left by copy; ``evicted``, the engine's evicted bytes so far; ``room``, free room under
@@ -274,9 +315,47 @@ def unpack_parts(rows: list[dict[str, Any]], start_evicted: int) -> dict[str, An
     }
 
 
+def _read_trace(path: Path) -> list[dict[str, Any]]:
+    try:
+        with gzip.open(path, "rt") as f:
+            events: list[dict[str, Any]] = json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError) as e:
+        raise BenchError(f"cannot read {path} as a trace kept by --trace: {e}") from None
+    return events
+
+
+def phase_rows(
+    events: list[dict[str, Any]], step: tuple[int, float, float] | None, bins: float
+) -> list[dict[str, Any]]:
+    """One row per phase annotated by --phases (within ``step``'s span, numbered by it,
+    or all of them, numbered in order, from a kept trace), with ``phase_bins`` if asked."""
+    phases = sorted(
+        (e["ts"], e["ts"] + e["dur"], e["name"].split(":", 1)[1])
+        for e in events
+        if str(e.get("name", "")).startswith("um_probe_phase:")
+        and e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+    )
+    if step is None and not phases:
+        raise BenchError("the trace has no phases: keep it from a run with --phases")
+    rows = []
+    seen: dict[str, int] = {}
+    for p0, p1, name in phases:
+        if step is not None and not step[1] <= p0 < step[2]:
+            continue
+        n = step[0] if step is not None else seen.get(name, 0)
+        seen[name] = n + 1
+        row = {"step": n, "phase": name, "s": round((p1 - p0) / 1e6, 4)}
+        row.update(summarize(events, p0, p1))
+        if bins:
+            row["bins"] = phase_bins(events, p0, p1, bins * 1000)
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=("stock", "um"), required=True)
+    ap.add_argument("--mode", choices=("stock", "um"), help="run a workload (or --from-trace)")
     ap.add_argument("--workload", choices=("train", "infer"), default="train")
     ap.add_argument("--steps", type=int, default=3, help="profiled steps")
     ap.add_argument("--warmup", type=int, default=3)
@@ -295,7 +374,28 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --phases and predict:True: where the backward's evictions happen",
     )
+    ap.add_argument(
+        "--bins",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="with --phases: each phase's copies in and out and compute time per MS ms",
+    )
+    ap.add_argument(
+        "--from-trace",
+        default=None,
+        metavar="FILE",
+        help="read a trace kept by --trace (with --phases) instead of running: its phases",
+    )
     a = ap.parse_args(argv)
+    if a.bins < 0:
+        raise BenchError(f"--bins must be a positive number of milliseconds, not {a.bins}")
+    if a.from_trace:
+        for row in phase_rows(_read_trace(Path(a.from_trace)), None, a.bins):
+            print(json.dumps(row), flush=True)
+        return 0
+    if a.mode is None:
+        raise BenchError("give --mode stock or --mode um (or --from-trace FILE)")
     if a.unpacks and (a.mode != "um" or not a.phases or "predict:True" not in a.conf):
         raise BenchError("--unpacks needs --mode um, --phases and predict:True in --conf")
     import torch
@@ -404,13 +504,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     if len(steps) != a.steps:
         raise BenchError(f"found {len(steps)} step annotations in the trace, expected {a.steps}")
-    phases = sorted(
-        (e["ts"], e["ts"] + e["dur"], e["name"].split(":", 1)[1])
-        for e in events
-        if str(e.get("name", "")).startswith("um_probe_phase:")
-        and e.get("ph") == "X"
-        and e.get("cat") == "user_annotation"
-    )
     for i, ((t0, t1), (w0, w1)) in enumerate(zip(steps, marks, strict=True)):
         row = {
             "mode": a.mode,
@@ -423,10 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         if um is not None:
             row["um_conf"] = a.conf
         print(json.dumps(row), flush=True)
-        for p0, p1, name in phases:
-            if t0 <= p0 < t1:
-                part = {"step": i, "phase": name, "s": round((p1 - p0) / 1e6, 4)}
-                print(json.dumps({**part, **summarize(events, p0, p1)}), flush=True)
+        for part in phase_rows(events, (i, t0, t1), a.bins):
+            print(json.dumps(part), flush=True)
     if reads is not None:
         # one backward: its start, its reads, then the placement at its end
         starts = [i for i, r in enumerate(reads) if "start" in r]

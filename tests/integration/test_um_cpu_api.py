@@ -868,6 +868,44 @@ def test_the_target_learns_from_the_kept_saves_window(um: tuple[UmPath, Path]) -
     assert got["no_backward"] == {"first_closed": True, "target": 400 - 375}
 
 
+KEPT_PHASE_PROBE = r"""
+import json, weakref, torch
+from torch.cuda import _um_predict as P
+
+off = P.Offloader(lambda device: (0, 600), lambda: 0, 1 << 30, 100)
+pumps = []
+off._pump = lambda queue, device: pumps.append(str(device))
+queue = P.plan.PrefetchQueue(1 << 30, 0)
+queue.add(lambda: None)  # a save that left, not brought back yet
+fwd = P._Forward(0, queue, set(), 0, 0)
+fwd.plan.seen = 4 << 20
+torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
+off._end(fwd)  # the window opens
+off._latest = weakref.ref(queue)  # as the forward's start sets it
+
+class OnDevice(torch.Tensor):  # a kept save as the pump sees one, on a CPU-only host
+    is_cuda = True
+
+kept = torch.randn(1 << 19).as_subclass(OnDevice)
+out = {}
+off.unpack(kept)  # a read of a kept save while the window is open
+out["while_open"] = list(pumps)
+off._learn(off._window)  # the first read of a save that left closes it
+off.unpack(kept)
+out["after_close"] = list(pumps)
+print(json.dumps(out))
+"""
+
+
+def test_nothing_comes_back_while_the_kept_saves_are_read(um: tuple[UmPath, Path]) -> None:
+    """Note [The kept saves' window]: a read of a kept save brings nothing back while the
+    window is open (the room there is the kept saves' peak, and the window measures it);
+    once it has closed, the same read pumps the prefetch queue."""
+    _, venv = um
+    got = probe(venv, KEPT_PHASE_PROBE)
+    assert got == {"while_open": [], "after_close": ["cpu"]}
+
+
 ON_STREAM_PROBE = r"""
 import json, torch
 from torch.cuda import _um_streams as S

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 import subprocess
@@ -748,6 +749,64 @@ def test_timeline_unpack_parts_split_the_backward_at_the_first_save_that_left() 
     }
     assert timeline_probe.unpack_parts(rows[2:], 200)["evicted_while_kept"] == 0
     assert timeline_probe.unpack_parts([], 0)["min_room_left"] is None
+
+
+def test_timeline_phase_bins_say_when_the_link_and_the_compute_stream_worked(
+    tmp_path: Path,
+) -> None:
+    from bench import timeline_probe
+
+    def ev(cat: str, ts: float, dur: float, stream: int, name: str = "k", nbytes: int = 0) -> dict[str, Any]:
+        args = {"stream": stream, "bytes": nbytes}
+        return {"cat": cat, "ph": "X", "ts": ts, "dur": dur, "name": name, "args": args}
+
+    def phase(ts: float, dur: float, name: str) -> dict[str, Any]:
+        return {"cat": "user_annotation", "ph": "X", "ts": ts, "dur": dur, "name": f"um_probe_phase:{name}"}
+
+    events = [
+        phase(1000, 30_000, "backward"),
+        ev("gpu_memcpy", 1000, 2000, 58, "Memcpy HtoD (Pinned -> Managed)", 2 * 10**8),
+        ev("gpu_memcpy", 12_000, 100, 54, "Memcpy DtoH (Managed -> Pinned)", 10**8),
+        ev("kernel", 11_500, 3000, 7),  # the compute stream starts in the second bin
+        ev("kernel", 22_000, 1000, 7),
+        ev("kernel", 25_000, 500, 46),  # a quieter stream is not counted
+        ev("kernel", 40_000, 9000, 7),  # after the phase
+        phase(50_000, 5000, "backward"),
+    ]
+    bins = timeline_probe.phase_bins(events, 1000, 31_000, 10_000)
+    assert bins == {
+        "bin_ms": 10.0,
+        "first_kernel_ms": 10.5,
+        "in_GB": [0.2, 0.0, 0.0],
+        "out_GB": [0.0, 0.1, 0.0],
+        "compute_ms": [0.0, 3.0, 1.0],
+    }
+    # a kept trace read back: its phases numbered in order, bins when asked
+    trace = tmp_path / "t.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    rows = [json.loads(line) for line in _run_probe(["--from-trace", str(trace), "--bins", "10"])]
+    assert [(r["step"], r["phase"], r["s"]) for r in rows] == [(0, "backward", 0.03), (1, "backward", 0.005)]
+    assert rows[0]["bins"] == bins
+    assert "bins" not in json.loads(_run_probe(["--from-trace", str(trace)])[0])
+    bad = tmp_path / "bad.json.gz"
+    bad.write_text("not gzip")
+    with pytest.raises(common.BenchError, match="cannot read .* as a trace kept by --trace"):
+        timeline_probe.main(["--from-trace", str(bad)])
+    with pytest.raises(common.BenchError, match="give --mode stock or --mode um"):
+        timeline_probe.main([])
+
+
+def _run_probe(argv: list[str]) -> list[str]:
+    import contextlib
+    import io
+
+    from bench import timeline_probe
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert timeline_probe.main(argv) == 0
+    return buf.getvalue().splitlines()
 
 
 def test_error_text_keeps_no_path_of_the_machine() -> None:

@@ -27,8 +27,9 @@ hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) t
   unpack brings the next ones back on another side stream, ahead of their use, as far
   as the lookahead (``predict_lookahead``, doubled from 256 MiB on each late use) and
   the room under the budget allow (``_um_plan.PrefetchQueue``), into blocks of the
-  compute stream's pool. A save not brought back in time is copied at its use, on
-  the compute stream.
+  compute stream's pool, from the backward's first read of a save that left on (not
+  while the saves that stayed are read: Note [The kept saves' window]). A save not
+  brought back in time is copied at its use, on the compute stream.
 
 Note [The kept saves' window]
 The saves that stay on the device live from their forward to the backward's reads of
@@ -49,6 +50,17 @@ forward will take are made from then on. Measured (step 47): the backward's evic
 484 MB -> 0-15 MB a step and the backward 0.29-0.31 -> 0.25-0.26 s, but the target
 settled 1.32 GB higher (the prefetch holds the kept phase's room near the margin), the
 forward took longer by as much, and the step stayed 0.595-0.602 s.
+
+While the window is open, reads of kept saves bring nothing back. A save brought back
+then takes room the kept saves' peak does not have to spare, so the forward must offload
+a byte more for it: about 41 ms per GB over the link twice, against at most 21 ms per GB
+of link time the kept phase would otherwise leave idle (bench/README.md, step 48). And
+the bytes brought back ahead are not elastic: once there, the engine evicts other data
+rather than wait for them (counting them as room was tried in step 47: the kept phase
+evicted 484 MB again). Measured before the change (step 48, the profiler's trace):
+the backward's first kept read pumped the whole lookahead, 1 GiB, before its node's
+kernel, 30 ms with the compute stream idle, and the kept phase then ran 30 ms with the
+link idle, the lookahead full and nothing read from it.
 
 Note [Host buffers made ahead]
 The page-locked buffers come from torch's host allocator, which caches them: a forward
@@ -495,7 +507,9 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             assert isinstance(packed, torch.Tensor)
             self._watch(packed)
             queue = self._latest() if self._latest is not None else None
-            if queue is not None and queue.cursor >= 0 and packed.is_cuda:
+            # Nothing comes back while the kept saves' window is open (see the Note)
+            kept_phase = self._window is not None
+            if queue is not None and queue.cursor >= 0 and packed.is_cuda and not kept_phase:
                 with self._lock:
                     self._pump(queue, packed.device)
             return packed
