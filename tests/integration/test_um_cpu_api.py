@@ -868,6 +868,45 @@ def test_the_target_learns_from_the_kept_saves_window(um: tuple[UmPath, Path]) -
     assert got["no_backward"] == {"first_closed": True, "target": 400 - 375}
 
 
+TRIM_PROBE = r"""
+import json, torch
+from torch.cuda import _um_predict as P
+
+trims = []
+torch.cuda.empty_cache = lambda: trims.append(1)
+# no GPU here: the module's parameters are on the CPU, and nothing is being captured
+torch.cuda.current_device = lambda: 0
+torch.cuda.is_current_stream_capturing = lambda: False
+module = torch.nn.Linear(2, 2)
+off = P.Offloader(lambda device: (0, 0), lambda: 1 << 40, 1 << 30, 100)
+out = {"has_top": hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks")}
+
+def forward_start():
+    if off._begin(module) is not None:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+
+forward_start()  # the first forward offloads nothing (target 0): the cache stays
+out["first"] = len(trims)
+off.target.bytes = 1000  # learnt from it
+forward_start()
+forward_start()
+out["after"], out["stats"] = len(trims), off.stats["trims"]
+print(json.dumps(out))
+"""
+
+
+def test_the_first_forward_to_offload_gives_the_cache_back_once(um: tuple[UmPath, Path]) -> None:
+    """Note [The cache the first forward left]: the forward that starts with a target
+    past 0 for the first time empties the allocator's cache, and no forward after it does;
+    the first forward (target 0, the plain policy) does not. Torch 2.6 offloads nothing."""
+    _, venv = um
+    got = probe(venv, TRIM_PROBE)
+    if got["has_top"]:
+        assert (got["first"], got["after"], got["stats"]) == (0, 1, 1)
+    else:
+        assert (got["first"], got["after"], got["stats"]) == (0, 0, 0)
+
+
 KEPT_PHASE_PROBE = r"""
 import json, weakref, torch
 from torch.cuda import _um_predict as P

@@ -62,6 +62,19 @@ the backward's first kept read pumped the whole lookahead, 1 GiB, before its nod
 kernel, 30 ms with the compute stream idle, and the kept phase then ran 30 ms with the
 link idle, the lookahead full and nothing read from it.
 
+Note [The cache the first forward left]
+The first forward past the budget offloads nothing (its evictions are the target's first
+measurement), so its step keeps every save on the device and sizes the caching
+allocator's cache for that: 21.2 GB reserved for the 1.28 B model under an 8 GiB budget
+(bench/README.md, step 48). The cache keeps those segments for the rest of the run,
+and past the budget most of their free blocks' chunks are discarded. Blocks are
+handed out by size and address, not by where their pages are, so steps after that took
+blocks over discarded chunks for 7-8 GB a step and made room for them by discarding
+other dead chunks: about 60 discard calls a backward, 40-45 ms of the driver, during
+which the autograd thread's CUDA calls wait. So the first forward to offload gives the
+cache back first (``torch.cuda.empty_cache``: free segments only, once per process,
+counter ``predict.trims``), and the cache forms again around the offloaded pattern.
+
 Note [Host buffers made ahead]
 The page-locked buffers come from torch's host allocator, which caches them: a forward
 that offloads no more than the one before takes them back at no cost, but one that
@@ -209,6 +222,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         self.offloaded_last = 0  # the most bytes a forward has offloaded (buffers cached)
         self.warmed = 0  # bytes of buffers made ahead for the next forward (Offloader._warm)
         self.register_route = False  # page-locked buffers by cudaHostRegister (um.py sets it)
+        self.trimmed = False  # the allocator's cache given back once (Note [The cache ...])
         self._warming: threading.Thread | None = None
         self._window: _Window | None = None
         self._latest: weakref.ref[plan.PrefetchQueue] | None = None
@@ -228,6 +242,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
                 "warmed_bytes",
                 "room_stops",
                 "lookahead_stops",
+                "trims",
             ),
             0,
         )
@@ -273,6 +288,12 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             if grow > room:
                 target = max(0, target - (grow - room))
                 self.stats["host_limited"] += 1
+            trim = target > 0 and not self.trimmed
+            if trim:
+                self.trimmed = True
+                self.stats["trims"] += 1
+        if trim:  # Note [The cache the first forward left]
+            torch.cuda.empty_cache()
         return _Forward(target, queue, params, device, self._counters(device)[0])
 
     def _end(self, fwd: _Forward) -> None:
