@@ -466,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
 
         offloader.unpack = traced  # looked up at each forward's start
     marks: list[tuple[float, float]] = []
+    reserved: list[int] = []  # the caching allocator's segments at each step's end
     counts: list[dict[str, int]] = []
 
     def counters() -> dict[str, int]:
@@ -487,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             marks.append((t, time.perf_counter()))
             after = counters()
             counts.append({k: v for k, v in counter_change(before, after).items() if v})
+            reserved.append(torch.cuda.memory_reserved())
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
@@ -512,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": round(w1 - w0, 4),
             **summarize(events, t0, t1),
             "counters": counts[i],
+            "reserved_bytes": reserved[i],
         }
         if um is not None:
             row["um_conf"] = a.conf
