@@ -28,8 +28,10 @@ budget in each part, and the parameters' and gradients' bytes in host RAM at the
 backward's end (where its evictions come from). With ``--bins MS`` each phase also gets,
 per MS milliseconds, the GB copied in and out and the compute stream's kernel time (when did
 the link and the compute stream each work?); ``--from-trace FILE`` prints the phase rows
-of a trace kept by ``--trace`` from a ``--phases`` run, without a GPU. A kernel that reads or writes host RAM in place runs
-longer than its stock twin; a stream waiting for a migration or for the host sits idle.
+of a trace kept by ``--trace`` from a ``--phases`` run, without a GPU. Each step's row
+also has the caching allocator's reserved bytes at its end. A kernel that reads or writes
+host RAM in place runs longer than its stock twin; a stream waiting for a migration or for
+the host sits idle.
 """
 
 from __future__ import annotations
