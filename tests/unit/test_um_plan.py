@@ -771,19 +771,3 @@ def test_modules_of_a_forward_begun_before_the_hooks_begin_no_run() -> None:
     h = _Recorder()
     _module_call(h, "root", ("l0", "l1"), hooked=False)
     assert [e for e in h.log if e[0] == "begin"] == [("begin", "l0"), ("begin", "l1")]
-
-
-def test_the_kept_room_schedule_is_the_least_room_from_each_read_on() -> None:
-    """plan.KeptRoom: learnt as suffix minima of the last window's samples; the allowance
-    at read i is that floor past the margin, less what this window brought back already,
-    never negative; nothing before anything was learnt, or past the last read seen."""
-    room = plan.KeptRoom.learn([600, 200, 900, 400, 1000])
-    assert room.floor == [200, 200, 400, 400, 1000]
-    assert room.allowance(0, 100, 0) == 100
-    assert room.allowance(2, 100, 50) == 250
-    assert room.allowance(2, 100, 400) == 0  # brought back more than the floor allows
-    assert room.allowance(4, 100, 0) == 900
-    assert room.allowance(5, 100, 0) == 0  # the pattern changed: hold
-    assert room.allowance(-1, 100, 0) == 0
-    assert plan.KeptRoom().allowance(0, 100, 0) == 0
-    assert plan.KeptRoom.learn([]).floor == []

@@ -80,33 +80,6 @@ class OffloadTarget:
 
 
 @dataclass
-class KeptRoom:
-    """The room a backward's reads of kept saves left free, read by read, as the last
-    backward saw it (Note [The kept saves' window], _um_predict.py): ``floor[i]`` is the
-    least room from its i-th sampled read to the window's end, counting the bytes brought
-    back ahead in that window as free (they took room the kept saves did not need).
-    ``allowance`` is what may be brought back ahead at the i-th read of the next backward
-    without taking room a later kept read will need: the floor past ``margin``, less what
-    this window has brought back already. A read past the last one seen gets nothing
-    (a pattern that changed holds the prefetch until the window closes, as the first
-    backward does)."""
-
-    floor: list[int] = field(default_factory=list)
-
-    @classmethod
-    def learn(cls, samples: list[int]) -> KeptRoom:
-        floor = list(samples)
-        for i in range(len(floor) - 2, -1, -1):
-            floor[i] = min(floor[i], floor[i + 1])
-        return cls(floor)
-
-    def allowance(self, i: int, margin: int, ahead: int) -> int:
-        if not 0 <= i < len(self.floor):
-            return 0
-        return max(0, self.floor[i] - margin - ahead)
-
-
-@dataclass
 class ForwardPlan:
     """One forward's offload decisions: saves leave, in the order they are made, until
     ``target`` bytes of candidates have been seen."""

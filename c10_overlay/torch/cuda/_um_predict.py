@@ -27,8 +27,8 @@ hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) t
   unpack brings the next ones back on another side stream, ahead of their use, as far
   as the lookahead (``predict_lookahead``, doubled from 256 MiB on each late use) and
   the room under the budget allow (``_um_plan.PrefetchQueue``), into blocks of the
-  compute stream's pool; while the saves that stayed are read, only into room the last
-  backward left free from that read on (Note [The kept saves' window]). A save not
+  compute stream's pool, from the backward's first read of a save that left on (not
+  while the saves that stayed are read: Note [The kept saves' window]). A save not
   brought back in time is copied at its use, on the compute stream.
 
 Note [The kept saves' window]
@@ -51,21 +51,20 @@ forward will take are made from then on. Measured (step 47): the backward's evic
 settled 1.32 GB higher (the prefetch holds the kept phase's room near the margin), the
 forward took longer by as much, and the step stayed 0.595-0.602 s.
 
-While the window is open, a read of a kept save brings back only what fits in the room
-the last backward's kept phase left free from that read on (``_um_plan.KeptRoom``: the
-least room from each sampled read to the window's end, past the margin, less what this
-window has brought back already); the first backward, and reads past the last one seen,
-bring nothing back. A save brought back into room a later kept read needs would make the
-forward offload a byte more for it: about 41 ms per GB over the link twice, against at
-most 21 ms per GB of link time the kept phase would otherwise leave idle (bench/README.md,
-step 48). Bytes brought back ahead are not elastic: once there, the engine evicts other
-data rather than wait for them (step 47: pumping into all the room above the margin
-evicted 484 MB in every kept phase). So the room samples count the bytes this window
-brought back as free: the target learns the kept saves' own peak. Measured (step 48):
-with the pump as before, the backward's first kept read pumped the whole lookahead, 1 GiB,
-before its node's kernel (30 ms with the compute stream idle) and the kept phase then
-ran 30 ms with the link idle; with nothing brought back in the window, the target fell
-from 7.99 to 6.9 GB and the step from 0.607 to 0.558 s.
+While the window is open, reads of kept saves bring nothing back. A save brought back
+then takes room the kept saves' peak does not have to spare, so the forward must offload
+a byte more for it: about 41 ms per GB over the link twice, against at most 21 ms per GB
+of link time the kept phase would otherwise leave idle (bench/README.md, step 48). And
+the bytes brought back ahead are not elastic: once there, the engine evicts other data
+rather than wait for them (counting them as room was tried in step 47: the kept phase
+evicted 484 MB again). Measured (step 48, the profiler's trace): with the pump as
+before, the backward's first kept read pumped the whole lookahead, 1 GiB, before its
+node's kernel (30 ms with the compute stream idle) and the kept phase then ran 30 ms with
+the link idle; with nothing brought back in the window, the target fell from 7.99 to
+6.9 GB and the step from 0.607 to 0.558 s. Bringing back, in the window, only what the
+last backward's kept phase left free from each read on was tried too (step 48, not
+kept): the kept phase is bound by the autograd thread, and each copy back issued there
+costs that thread about 2 ms, so the backward gained nothing.
 
 Note [The cache the first forward left]
 The first forward past the budget offloads nothing (its evictions are the target's first
@@ -201,8 +200,6 @@ class _Window:
         self.offloaded = fwd.plan.offloaded
         self.saves = fwd.saves
         self.callback = False  # the backward's end will close it
-        self.samples: list[int] = []  # room at each sampled kept read, ``ahead`` counted free
-        self.ahead = 0  # bytes brought back ahead while it was open
 
 
 Counters = Callable[[int], "tuple[int, int]"]  # device -> (evicted bytes so far, free room)
@@ -232,7 +229,6 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         self.trimmed = False  # the allocator's cache given back once (Note [The cache ...])
         self._warming: threading.Thread | None = None
         self._window: _Window | None = None
-        self.kept_room = plan.KeptRoom()  # the last window's room, read by read
         self._latest: weakref.ref[plan.PrefetchQueue] | None = None
         self.stats = dict.fromkeys(
             (
@@ -321,14 +317,13 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
 
     # ---- the kept saves' window (Note [The kept saves' window]) ------------------------
 
-    def _watch(self, t: torch.Tensor) -> int | None:
+    def _watch(self, t: torch.Tensor) -> None:
         """A read of a save that stayed on the device, by the backward (autograd's
         thread): the room is read while the window is open, and the backward's end is
-        asked to close it. Returns the bytes that may be brought back ahead now (the
-        last window's room schedule, ``plan.KeptRoom``), or None when no window is open."""
+        asked to close it."""
         window = self._window
         if window is None:
-            return None
+            return
         with self._lock:
             first, window.callback = not window.callback, True
         if first:
@@ -338,14 +333,10 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
                 )
             except RuntimeError:
                 pass  # read outside a backward (grad_fn._saved_*): closed later instead
-        if t.untyped_storage().nbytes() < MIN_BYTES:
-            return 0
-        room = self._counters(window.device)[1]
-        with self._lock:
-            room += window.ahead  # what the kept saves left free, prefetch or not
-            window.room = min(window.room, room)
-            window.samples.append(room)
-            return int(self.kept_room.allowance(len(window.samples) - 1, self.margin, window.ahead))
+        if t.untyped_storage().nbytes() >= MIN_BYTES:
+            room = self._counters(window.device)[1]
+            with self._lock:
+                window.room = min(window.room, room)
 
     def _learn(self, window: _Window | None) -> None:
         """Close ``window`` if it is still open: the target learns from the evictions up
@@ -359,7 +350,6 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
                 return  # closed already
             self._window = None
             self.target.update(evicted - window.evicted, window.room, window.seen)
-            self.kept_room = plan.KeptRoom.learn(window.samples)
             # Only a target past what left this time can want new buffers: the host's
             # room is read (the engine reads /proc) in that case alone.
             warm = (
@@ -525,34 +515,28 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         brought in ahead of use."""
         return max(0, self._counters(index)[1] - self.margin)
 
-    def _pump(self, queue: plan.PrefetchQueue, device: torch.device, limit: int | None) -> int:
-        """Bring back what the queue says fits now, at most ``limit`` bytes if given;
-        returns the bytes (the lock is held)."""
+    def _pump(self, queue: plan.PrefetchQueue, device: torch.device) -> None:
+        """Bring back what the queue says fits now (the lock is held)."""
         if queue.cursor < 0:
-            return 0
+            return
         index = device.index or 0
-        room = self.room if limit is None else lambda i: min(self.room(i), limit)
-        brought = 0
-        for entry in queue.pump(lambda: room(index)):
+        for entry in queue.pump(lambda: self.room(index)):
             assert isinstance(entry, _Stored)
             self._bring_back(entry, side_stream(index, "h2d"), ahead=True)
-            brought += entry.nbytes
-        self.stats["ahead_bytes"] += brought
+            self.stats["ahead_bytes"] += entry.nbytes
         if queue.stopped:
             self.stats[f"{queue.stopped}_stops"] += 1
-        return brought
 
     def unpack(self, packed: object) -> torch.Tensor:
         if not isinstance(packed, _Packed):
             assert isinstance(packed, torch.Tensor)
-            window = self._window
-            allowance = self._watch(packed)  # None: no window open, no limit
+            self._watch(packed)
             queue = self._latest() if self._latest is not None else None
-            if queue is not None and queue.cursor >= 0 and packed.is_cuda and allowance != 0:
+            # Nothing comes back while the kept saves' window is open (see the Note)
+            kept_phase = self._window is not None
+            if queue is not None and queue.cursor >= 0 and packed.is_cuda and not kept_phase:
                 with self._lock:
-                    brought = self._pump(queue, packed.device, allowance)
-                    if window is not None and allowance is not None:
-                        window.ahead += brought
+                    self._pump(queue, packed.device)
             return packed
         self._learn(self._window)  # the first save that left is read: the window ends
         stored = packed.stored
@@ -566,7 +550,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
                 self.stats["miss_bytes"] += stored.nbytes
                 self._bring_back(stored, compute, ahead=False)
             self.lookahead = max(self.lookahead, stored.queue.lookahead)
-            self._pump(stored.queue, device, None)
+            self._pump(stored.queue, device)
         gpu = stored.gpu
         assert gpu is not None
         if stored.back is not None:
