@@ -771,23 +771,3 @@ def test_modules_of_a_forward_begun_before_the_hooks_begin_no_run() -> None:
     h = _Recorder()
     _module_call(h, "root", ("l0", "l1"), hooked=False)
     assert [e for e in h.log if e[0] == "begin"] == [("begin", "l0"), ("begin", "l1")]
-
-
-def test_small_ends_put_the_least_state_first_and_last() -> None:
-    """plan.small_ends: the run of least state first, the next least last, the others in
-    order; every run kept once; fewer than three runs unchanged."""
-    sizes = [50, 10, 10, 20, 20, 5, 30]
-    runs = [[0], [1, 2], [3, 4], [5], [6]]  # totals 50, 20, 40, 5, 30
-    assert plan.small_ends(runs, sizes) == [[5], [0], [3, 4], [6], [1, 2]]
-    assert plan.small_ends([[0], [1]], [3, 1]) == [[0], [1]]
-    assert plan.small_ends([], []) == []
-    rng = random.Random(5)
-    for _ in range(100):
-        sizes = [rng.choice([0, 1, 3, 8, 40]) for _ in range(rng.randrange(1, 30))]
-        runs = plan.state_chunks(sizes, rng.choice([1, 8, 16, 64]))
-        out = plan.small_ends(runs, sizes)
-        assert sorted(i for run in out for i in run) == list(range(len(sizes)))
-        if len(out) >= 3:
-            totals = sorted(sum(sizes[i] for i in run) for run in runs)
-            assert sum(sizes[i] for i in out[0]) == totals[0]
-            assert sum(sizes[i] for i in out[-1]) == totals[1]

@@ -19,9 +19,7 @@ a global optimizer-step pre-hook runs the step itself, in chunks:
   state (tensors of at least MIN_BYTES) fits a fifth of the free room under the budget
   past MARGIN (``_um_plan.state_chunks``): three chunks' buffers are live at a time (one
   coming in, one stepped, one going out), and the step's own temporaries take up to two
-  more. The run of least state goes first and the next least last
-  (``_um_plan.small_ends``): the first chunk's copy in and the last one's copy out
-  overlap nothing. The saved-activation offload keeps a larger margin (a sixteenth of the budget)
+  more. The saved-activation offload keeps a larger margin (a sixteenth of the budget)
   for its copies in flight; between the backward and the step none are, and with that
   margin two steps in five found too little room and ran unstaged (bench/README.md,
   prediction step 12);
@@ -244,7 +242,7 @@ class Stager:
         groups = opt.param_groups
         kept = [g["params"] for g in groups]
         step = type(opt).step.__wrapped__
-        chunks = plan.small_ends(plan.state_chunks(sizes, limit), sizes)
+        chunks = plan.state_chunks(sizes, limit)
         try:
             staged = self._run(opt, step, params, chunks, device)
         finally:

@@ -222,21 +222,6 @@ def state_chunks(sizes: list[int], limit: int) -> list[list[int]]:
     return runs
 
 
-def small_ends(runs: list[list[int]], sizes: list[int]) -> list[list[int]]:
-    """``runs`` (from ``state_chunks``) with the one of least state first and the next
-    least last, the others in order. A staged step's first chunk comes in with nothing
-    to overlap it and its last goes out alone (Note [Optimizer state staging],
-    _um_optim.py); in the optimizer's order those are the embedding's state (its own run)
-    and a full run. The order of runs changes no parameter's update."""
-    if len(runs) < 3:
-        return list(runs)
-    total = [sum(sizes[i] for i in run) for run in runs]
-    by_size = sorted(range(len(runs)), key=lambda k: (total[k], k))
-    first, last = by_size[0], by_size[1]
-    middle = [run for k, run in enumerate(runs) if k not in (first, last)]
-    return [runs[first], *middle, runs[last]]
-
-
 @dataclass
 class StreamTarget:
     """Bytes of parameters the next forward without autograd reads by copy.
