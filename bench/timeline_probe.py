@@ -391,13 +391,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
     if a.bins < 0:
-        raise BenchError(f"--bins must be a positive number of milliseconds, not {a.bins}")
+        raise BenchError(f"--bins takes milliseconds (0: off), not {a.bins}")
     if a.from_trace:
         for row in phase_rows(_read_trace(Path(a.from_trace)), None, a.bins):
             print(json.dumps(row), flush=True)
         return 0
     if a.mode is None:
         raise BenchError("give --mode stock or --mode um (or --from-trace FILE)")
+    if a.bins and not a.phases:
+        raise BenchError("--bins splits the phases: add --phases")
     if a.unpacks and (a.mode != "um" or not a.phases or "predict:True" not in a.conf):
         raise BenchError("--unpacks needs --mode um, --phases and predict:True in --conf")
     import torch

@@ -795,6 +795,10 @@ def test_timeline_phase_bins_say_when_the_link_and_the_compute_stream_worked(
         timeline_probe.main(["--from-trace", str(bad)])
     with pytest.raises(common.BenchError, match="give --mode stock or --mode um"):
         timeline_probe.main([])
+    with pytest.raises(common.BenchError, match="add --phases"):
+        timeline_probe.main(["--mode", "um", "--bins", "10"])
+    with pytest.raises(common.BenchError, match="takes milliseconds"):
+        timeline_probe.main(["--from-trace", str(trace), "--bins", "-1"])
 
 
 def _run_probe(argv: list[str]) -> list[str]:
