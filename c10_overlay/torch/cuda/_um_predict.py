@@ -317,13 +317,13 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
 
     # ---- the kept saves' window (Note [The kept saves' window]) ------------------------
 
-    def _watch(self, t: torch.Tensor) -> None:
+    def _watch(self, t: torch.Tensor) -> bool:
         """A read of a save that stayed on the device, by the backward (autograd's
         thread): the room is read while the window is open, and the backward's end is
-        asked to close it."""
+        asked to close it. Whether the window is open."""
         window = self._window
         if window is None:
-            return
+            return False
         with self._lock:
             first, window.callback = not window.callback, True
         if first:
@@ -337,6 +337,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             room = self._counters(window.device)[1]
             with self._lock:
                 window.room = min(window.room, room)
+        return True
 
     def _learn(self, window: _Window | None) -> None:
         """Close ``window`` if it is still open: the target learns from the evictions up
@@ -530,10 +531,9 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
     def unpack(self, packed: object) -> torch.Tensor:
         if not isinstance(packed, _Packed):
             assert isinstance(packed, torch.Tensor)
-            self._watch(packed)
-            queue = self._latest() if self._latest is not None else None
             # Nothing comes back while the kept saves' window is open (see the Note)
-            kept_phase = self._window is not None
+            kept_phase = self._watch(packed)
+            queue = self._latest() if self._latest is not None else None
             if queue is not None and queue.cursor >= 0 and packed.is_cuda and not kept_phase:
                 with self._lock:
                     self._pump(queue, packed.device)
