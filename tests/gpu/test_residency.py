@@ -358,6 +358,102 @@ def test_decoder_training_with_predict_is_bit_exact(
         assert under == pytest.approx(in_memory[0], rel=1e-4)
 
 
+def _loop(kind: str) -> tuple[list[float], list[float]]:
+    """Training loops as programs write them, each with a pattern the other tests do not
+    run; returns the losses and what else the loop computes (gradient norms and the
+    scaler's scale, or the batch norms' running statistics).
+
+    - ``accum-amp-clip``: the GPT-2 decoder under fp16 autocast with a GradScaler, two
+      micro-batches a step (two forwards and backwards before one step, so a forward's
+      saves are read after another forward ran), unscale, clip, step.
+    - ``checkpointing``: the same decoder with transformers' gradient checkpointing (the
+      program's own saved-tensor hooks in every layer, recomputation in the backward).
+    - ``resnet-bn``: torchvision's ResNet-18 (batch norms updating buffers in the forward,
+      in-place ReLUs on saved outputs), SGD with momentum, channels-last.
+    """
+    torch.manual_seed(5)
+    gen = torch.Generator("cuda").manual_seed(6)
+    losses: list[float] = []
+    extra: list[float] = []
+    if kind == "resnet-bn":
+        tv = pytest.importorskip("torchvision")
+        model = tv.models.resnet18(num_classes=10).cuda().to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        x = torch.randn(32, 3, 160, 160, device="cuda", generator=gen)
+        x = x.to(memory_format=torch.channels_last)
+        y = torch.randint(0, 10, (32,), device="cuda", generator=gen)
+        for _ in range(6):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        extra = [float(m.running_mean.double().sum() + m.running_var.double().sum()) for m in bns]
+        return losses, extra
+    model = _small_decoder("gpt2").cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 4096, (16, 256), device="cuda", generator=gen)
+    if kind == "checkpointing":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for _ in range(6):
+            opt.zero_grad(set_to_none=True)
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        return losses, extra
+    assert kind == "accum-amp-clip", kind
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**12)
+    for _ in range(6):
+        opt.zero_grad(set_to_none=True)
+        for half in ids.chunk(2):
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(half, labels=half).loss / 2
+            scaler.scale(loss).backward()
+            losses.append(float(loss))
+        scaler.unscale_(opt)
+        extra.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+        scaler.step(opt)
+        scaler.update()
+        extra.append(float(scaler.get_scale()))
+    return losses, extra
+
+
+@pytest.mark.parametrize("kind", ["accum-amp-clip", "checkpointing", "resnet-bn"])
+def test_training_loops_as_written_match_in_memory_with_predict(
+    torch_mod: Any, um: Any, limits: Limits, kind: str
+) -> None:
+    """Past a 256 MiB budget with predict on, gradient accumulation under autocast with a
+    GradScaler and clipping, the program's own activation checkpointing, and a CNN with
+    batch norms give the in-memory run's losses, gradient norms, scales and running
+    statistics: bit for bit where two in-memory runs agree bit for bit."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        release_cache(torch)
+        um.configure(device_budget="90%")
+        in_memory = [_loop(kind), _loop(kind)]
+        _tiny_budget(um)
+        um.configure(predict=True)
+        before, pbefore = um.stats(), um.predict_stats()
+        under = _loop(kind)
+        after, got = um.stats(), um.predict_stats()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    print(f"[um] {kind} in memory {in_memory[0]}\n[um] {kind} predict {under}\n[um] {got}")
+    moved = after["um.evict_bytes"] + after["um.discard_bytes"]
+    assert moved > before["um.evict_bytes"] + before["um.discard_bytes"], "not past the budget"
+    if kind != "checkpointing":  # checkpointed layers save through the program's hooks
+        assert got["predict.offloaded_bytes"] > pbefore.get("predict.offloaded_bytes", 0)
+    assert got["predict.failures"] == pbefore.get("predict.failures", 0)
+    if in_memory[0] == in_memory[1]:  # deterministic on this GPU
+        assert under == in_memory[0]
+    else:
+        for got_values, want in zip(under, in_memory[0], strict=True):
+            assert got_values == pytest.approx(want, rel=1e-4)
+    assert _on_device(um) <= BUDGET
+
+
 STAGED_OPTIMIZERS = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3),
     "adam-amsgrad-wd": lambda ps: torch.optim.Adam(ps, lr=1e-3, amsgrad=True, weight_decay=0.01),
