@@ -435,6 +435,8 @@ def test_training_loops_as_written_match_in_memory_with_predict(
         in_memory = [_loop(kind), _loop(kind)]
         _tiny_budget(um)
         um.configure(predict=True)
+        if um._offloader is not None:  # made earlier, under another budget: the margin follows
+            assert um._offloader.margin == um._offloader.target.margin == max(16 * MiB, BUDGET // 16)
         before, pbefore = um.stats(), um.predict_stats()
         under = _loop(kind)
         after, got = um.stats(), um.predict_stats()

@@ -51,12 +51,18 @@ class OffloadTarget:
     """Bytes of the next forward's saves to offload, learned from the forwards before.
 
     After each forward's window (Note [The kept saves' window], _um_predict.py: from
-    the forward's end into the backward, while the saves that stayed are on the device):
-    room left on the device at the window's tightest point, past ``margin``, means too
-    much left, so the target shrinks by three quarters of it (less than all of it keeps
-    it from oscillating); otherwise evictions the engine made from the forward's start
-    to the window's end mean that too little left by copy, so the target grows by those
-    bytes (the overflow the copies did not cover).
+    the forward's end into the backward, while the saves that stayed are on the device)
+    two readings weigh against each other: the evictions the engine made from the
+    forward's start to the window's end (too little left by copy: the overflow the
+    copies did not cover) and the room left at the window's tightest read, past
+    ``margin`` (too much left). Where the evictions are more, the target grows by the
+    difference; where the spare room is more, it shrinks by three quarters of the
+    difference (less than all of it keeps it from oscillating). The room is read at the
+    kept saves' reads only, so evictions between them (in the forward, say) leave the
+    least room read above the true one: a spare room of a few MiB against hundreds of
+    MiB evicted is no reason to offload nothing (bench/README.md, step 49: under a
+    256 MiB budget, whose margin is 16 MiB, the least room read was 20 MiB in every
+    window while 700-800 MiB were evicted, and the target stayed at 0).
     The target never exceeds the bytes the last forward saved. The first forward
     offloads nothing: it is the plain residency policy, and its evictions are the
     first measurement. A pattern that changes (a new batch size, ``model.eval()``)
@@ -69,12 +75,8 @@ class OffloadTarget:
 
     def update(self, evicted: int, room: int, saved: int) -> int:
         self.forwards += 1
-        if room > self.margin:
-            # Room to spare where the kept saves peak: evictions in the window (data
-            # left cold by an earlier phase) were not for want of room.
-            target = self.bytes - (room - self.margin) * 3 // 4
-        else:
-            target = self.bytes + max(0, evicted)
+        short = max(0, evicted) - max(0, room - self.margin)
+        target = self.bytes + short if short > 0 else self.bytes + short * 3 // 4
         self.bytes = max(0, min(target, saved))
         return self.bytes
 

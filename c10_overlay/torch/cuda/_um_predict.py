@@ -11,9 +11,10 @@ link's 52-55 GB/s each way. So, with ``predict:True`` and once the module hooks 
 hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) that:
 
 - pack: offload the earliest saves of the forward, those the backward reads last, up
-  to a target in bytes (``_um_plan.OffloadTarget``: shrunk by most of the room left
-  at the tightest point of the kept saves' window, else grown by the bytes the engine
-  had to evict up to its end; Note [The kept saves' window]). A save
+  to a target in bytes (``_um_plan.OffloadTarget``: grown by the bytes the engine had
+  to evict up to the kept saves' window's end, net of the room left at its tightest
+  point; shrunk by most of that room where it is the more; Note [The kept saves'
+  window]). A save
   that leaves is copied whole (its storage, once per storage and version) on a side
   stream into page-locked host memory; autograd keeps the host copy, and the device
   block goes back to the allocator when the forward drops the tensor (``record_stream``
@@ -250,6 +251,11 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             ),
             0,
         )
+
+    def set_margin(self, margin: int) -> None:
+        """The room left unplanned, from now on (a new device budget)."""
+        with self._lock:
+            self.margin = self.target.margin = margin
 
     # ---- module hooks: the outermost forward (plan.OutermostForward's enter, exit) ---
 

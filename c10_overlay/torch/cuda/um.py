@@ -747,6 +747,8 @@ def _apply_predict_settings() -> None:
     lookahead = int(conf.get("predict_lookahead", 1 << 30))
     if _offloader is not None:
         _offloader.max_lookahead = lookahead
+        if _current_budget() > 0:  # the margin follows the budget, as the streamer's does
+            _offloader.set_margin(_offload_margin())
     if _streamer is not None:
         _streamer.max_lookahead = lookahead
         sms = conf.get("predict_copy_sms", "auto")
@@ -1261,6 +1263,11 @@ def _host_room() -> int:
     return int(_lib.torch_um_host_room()) if _lib is not None else 0
 
 
+def _offload_margin() -> int:
+    """Room under the current device's budget that the offload leaves unplanned."""
+    return max(16 << 20, _current_budget() // 16)
+
+
 def _predictor() -> Any:
     """The process's offloader when ``predict:True``, else None."""
     global _offloader
@@ -1271,7 +1278,7 @@ def _predictor() -> Any:
         from torch.cuda import _um_predict
 
         lookahead = int(cfg.get("predict_lookahead", 1 << 30))
-        margin = max(16 << 20, _current_budget() // 16)  # room the offload leaves unplanned
+        margin = _offload_margin()
         _offloader = _um_predict.Offloader(_engine_counters, _host_room, lookahead, margin)
         _offloader.register_route = _prefer_registration()
     return _offloader
