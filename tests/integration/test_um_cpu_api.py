@@ -23,6 +23,8 @@ import pytest
 
 from .conftest import Build, Install, probe
 
+MiB = 1 << 20
+
 pytestmark = pytest.mark.integration
 
 KEYS = (
@@ -846,6 +848,23 @@ out["no_backward"] = {
     "first_closed": off2._window is not first and off2._window is not None,
     "target": off2.target.bytes,
 }
+
+# The window hands the target the forward's first save and its own target: what it learns
+# holds for a forward of another size (Note [A target for each size of forward])
+state.update(evicted=0, room=0)
+off6 = offloader()
+fwd = P._Forward(0, P.plan.PrefetchQueue(1 << 30, 0), set(), 0, 0, off6.target.for_forward)
+for n in (4 << 20, 4 << 20):
+    fwd.plan.offload(n)
+torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
+off6._end(fwd)
+state.update(evicted=3 << 20)
+off6._learn(off6._window)
+out["sized"] = {
+    "bytes": off6.target.bytes,
+    "sizes": {str(k): v for k, v in off6.target.sizes.items()},
+    "twice": off6.target.for_forward(8 << 20),
+}
 print(json.dumps(out))
 """
 
@@ -866,6 +885,11 @@ def test_the_target_learns_from_the_kept_saves_window(um: tuple[UmPath, Path]) -
     assert got["first_left"] == {"closed": True, "target": 200}
     # room 600 at both ends, no evictions: the target shrinks by 3/4 of 500
     assert got["no_backward"] == {"first_closed": True, "target": 400 - 375}
+    # 8 MiB saved, the first 4 MiB, 3 MiB evicted: 5 MiB kept, so a forward of twice the
+    # size offloads 16 - 5 MiB
+    assert got["sized"] == {
+        "bytes": 3 * MiB, "sizes": {str(4 * MiB): 8 * MiB}, "twice": 11 * MiB
+    }
 
 
 TRIM_PROBE = r"""

@@ -87,6 +87,7 @@ class Device:
     margin: int
     target: Any = None
     lookahead: int = 0
+    sized: bool = True  # the target for each size of forward (False: the last one's)
     log: list[Step] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -95,7 +96,7 @@ class Device:
     def step(
         self, saves: list[int], order_jitter: int = 0, rng: random.Random | None = None
     ) -> Step:
-        fwd = plan.ForwardPlan(self.target.bytes)
+        fwd = plan.ForwardPlan(self.target.bytes, self.target.for_forward if self.sized else None)
         queue = plan.PrefetchQueue(max_lookahead=1 << 30, lookahead=self.lookahead)
         entries: list[Any] = []  # strong references: autograd's packed saves
         kept: list[int] = []
@@ -115,7 +116,7 @@ class Device:
                     evicted += resident - self.budget
                     resident = self.budget
         room_end = max(0, self.budget - resident)
-        self.target.update(evicted, room_end, fwd.seen)
+        self.target.update(evicted, room_end, fwd.seen, fwd.first, fwd.target)
         s = Step(evicted=evicted, room_end=room_end, offloaded=fwd.offloaded)
         # Backward: saves read in reverse order (with some local reordering), each freed
         # after its use; saves that left come back through the queue.
@@ -189,15 +190,19 @@ def test_reordered_backward_still_finds_its_saves() -> None:
 def test_a_changed_pattern_is_learned_again() -> None:
     small = _layers(24, [16 * MiB, 64 * MiB, 64 * MiB])
     large = _layers(24, [32 * MiB, 128 * MiB, 128 * MiB])  # the batch doubled
-    dev = Device(budget=4096 * MiB, params=1024 * MiB, margin=256 * MiB)
-    for _ in range(6):
-        dev.step(small)
-    assert dev.log[-1].evicted == 0
-    changed = dev.step(large)
-    assert changed.evicted > 0  # the old target is too small: the plain policy covers it
-    for _ in range(6):
-        dev.step(large)
-    assert dev.log[-1].evicted == 0 and dev.log[-1].misses == 0
+    for sized in (True, False):
+        dev = Device(budget=4096 * MiB, params=1024 * MiB, margin=256 * MiB, sized=sized)
+        for _ in range(6):
+            dev.step(small)
+        assert dev.log[-1].evicted == 0
+        changed = dev.step(large)
+        if sized:  # scaled by the first save: the same bytes kept, twice the saves
+            assert changed.evicted == 0 and changed.room_end <= 2 * dev.margin, changed
+        else:  # the old target is too small: the plain policy covers it
+            assert changed.evicted > 0
+        for _ in range(6):
+            dev.step(large)
+        assert dev.log[-1].evicted == 0 and dev.log[-1].misses == 0
     for _ in range(6):
         dev.step(small)  # and back: the target shrinks again
     assert dev.log[-1].evicted == 0 and dev.log[-1].room_end <= 2 * dev.margin
@@ -775,3 +780,38 @@ def test_modules_of_a_forward_begun_before_the_hooks_begin_no_run() -> None:
     h = _Recorder()
     _module_call(h, "root", ("l0", "l1"), hooked=False)
     assert [e for e in h.log if e[0] == "begin"] == [("begin", "l0"), ("begin", "l1")]
+
+
+def _cycle(sized: bool) -> Device:
+    """Sequence lengths cycling 1024, 512, 768 (saves in proportion), step after step."""
+    dev = Device(budget=4096 * MiB, params=1024 * MiB, margin=256 * MiB, sized=sized)
+    lengths = [1024, 512, 768] * 6
+    for n in lengths:
+        dev.step(_layers(24, [16 * MiB * n // 512, 48 * MiB * n // 512, 64 * MiB * n // 512]))
+    return dev
+
+
+def test_a_target_for_each_size_of_forward() -> None:
+    """Note [A target for each size of forward]: learnt as the bytes kept, the target
+    fits each length of a cycle once each has been seen; learnt as the bytes offloaded
+    by the forward before, the longest length evicts at every turn of the cycle."""
+    settled = _cycle(sized=True).log[-6:]
+    for s in settled:
+        assert s.evicted == 0 and s.misses == 0, s
+        assert s.room_end <= 2 * 256 * MiB, s  # and not much more left than needed
+    last_only = _cycle(sized=False).log[-6:]
+    assert sum(s.evicted > 0 for s in last_only) >= 2, last_only
+
+
+def test_a_target_scales_to_a_size_not_seen_yet() -> None:
+    t = plan.OffloadTarget(margin=0)
+    assert t.for_forward(100) == 0  # nothing learnt: the first forward offloads nothing
+    t.update(evicted=700, room=0, saved=1000, first=100, target=0)  # kept 300 of 1000
+    assert (t.bytes, t.for_forward(100)) == (700, 700)
+    assert t.for_forward(50) == 200  # half the saves, the same 300 kept
+    assert t.for_forward(20) == 0  # fits
+    t.update(evicted=0, room=0, saved=480, first=50, target=200)  # 480 saved, not 500
+    assert t.for_forward(50) == 200 and t.for_forward(100) == 720  # kept 280 now
+    for k in range(1, plan.OffloadTarget.MAX_SIZES + 5):
+        t.update(evicted=0, room=0, saved=1000 + k, first=1000 + k)
+    assert len(t.sizes) == plan.OffloadTarget.MAX_SIZES and 100 not in t.sizes

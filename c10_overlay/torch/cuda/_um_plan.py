@@ -65,32 +65,79 @@ class OffloadTarget:
     window while 700-800 MiB were evicted, and the target stayed at 0).
     The target never exceeds the bytes the last forward saved. The first forward
     offloads nothing: it is the plain residency policy, and its evictions are the
-    first measurement. A pattern that changes (a new batch size, ``model.eval()``)
-    moves the target by the same rule; a wrong target costs time, never data.
+    first measurement. A wrong target costs time, never data.
+
+    Note [A target for each size of forward]
+    What a forward may keep on the device is what the budget leaves beside the
+    parameters, gradients and the backward's peak: about the same whatever the
+    forward's size. What it must offload is its saves less that. So a target learnt
+    from one forward holds for another of a different size (a new batch size, the
+    next sequence length) as the bytes it kept, not the bytes it offloaded: the
+    1.28 B model at 8 GiB learns 6.9, 3.85 and 0.77 GB to offload at 1024, 768 and
+    512 tokens, and keeps 5.36 GB at each (bench/README.md, step 49). A target in
+    bytes offloaded, learnt from the forward before, was wrong at every step of a
+    loop whose lengths cycle: 3.7 GB for each 1024-token step (4-5 GB evicted, 1.03-
+    1.19 s against 0.54) and for each 512-token one (0.45-0.55 s against 0.29-0.31).
+    The forward's size is known from its first candidate save (the embedding's or
+    first layer's output, in proportion to the tokens): ``for_forward`` takes the
+    bytes the forwards with that first save saved last time (``sizes``, up to
+    MAX_SIZES of them), else the last forward's scaled by the two first saves, less
+    what the last forward kept. ``bytes`` is the target for a forward like the last.
     """
 
-    margin: int
-    bytes: int = 0
-    forwards: int = 0
+    MAX_SIZES = 64  # forward sizes remembered (dynamic padding makes many)
 
-    def update(self, evicted: int, room: int, saved: int) -> int:
+    margin: int
+    bytes: int = 0  # the target of a forward like the last one
+    forwards: int = 0
+    last: int = 0  # the last forward's first candidate save, in bytes
+    sizes: dict[int, int] = field(default_factory=dict)  # first save -> bytes saved
+
+    def for_forward(self, first: int) -> int:
+        """The target of a forward whose first candidate save is ``first`` bytes."""
+        ref = self.sizes.get(self.last)
+        if ref is None:
+            return self.bytes  # nothing learnt of sizes: the target as it stands
+        saved = self.sizes.get(first)
+        if saved is None:
+            saved = ref * first // self.last if self.last > 0 else ref
+        return max(0, min(saved, saved - (ref - self.bytes)))
+
+    def update(
+        self, evicted: int, room: int, saved: int, first: int = 0, target: int | None = None
+    ) -> int:
+        """Learn from a forward that saved ``saved`` candidate bytes, the first ``first``,
+        under ``target`` (default ``bytes``); returns the target for its like."""
         self.forwards += 1
+        was = self.bytes if target is None else target
         short = max(0, evicted) - max(0, room - self.margin)
-        target = self.bytes + short if short > 0 else self.bytes + short * 3 // 4
-        self.bytes = max(0, min(target, saved))
+        new = was + short if short > 0 else was + short * 3 // 4
+        self.bytes = max(0, min(new, saved))
+        if first not in self.sizes and len(self.sizes) >= self.MAX_SIZES:
+            del self.sizes[next(iter(self.sizes))]  # the oldest size
+        self.sizes[first] = saved
+        self.last = first
         return self.bytes
 
 
 @dataclass
 class ForwardPlan:
     """One forward's offload decisions: saves leave, in the order they are made, until
-    ``target`` bytes of candidates have been seen."""
+    ``target`` bytes of candidates have been seen. With ``sizer``, the target is
+    ``sizer(first)`` once the first candidate, of ``first`` bytes, is seen (Note [A
+    target for each size of forward])."""
 
     target: int
+    sizer: Callable[[int], int] | None = None
     seen: int = 0  # candidate bytes saved so far in this forward
     offloaded: int = 0
+    first: int = 0  # the first candidate's bytes (0: none yet)
 
     def offload(self, nbytes: int) -> bool:
+        if not self.first:
+            self.first = nbytes
+            if self.sizer is not None:
+                self.target = self.sizer(nbytes)
         leave = self.seen < self.target
         self.seen += nbytes
         if leave:

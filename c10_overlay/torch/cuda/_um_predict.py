@@ -14,7 +14,8 @@ hooks (``torch.autograd.graph``'s default hooks, pushed for that forward only) t
   to a target in bytes (``_um_plan.OffloadTarget``: grown by the bytes the engine had
   to evict up to the kept saves' window's end, net of the room left at its tightest
   point; shrunk by most of that room where it is the more; Note [The kept saves'
-  window]). A save
+  window]; learnt as the bytes a forward may keep, so that it holds for forwards of
+  other sizes: Note [A target for each size of forward], _um_plan.py). A save
   that leaves is copied whole (its storage, once per storage and version) on a side
   stream into page-locked host memory; autograd keeps the host copy, and the device
   block goes back to the allocator when the forward drops the tensor (``record_stream``
@@ -176,9 +177,15 @@ class _Forward:
     """The state of the outermost forward under way on one thread."""
 
     def __init__(
-        self, target: int, queue: plan.PrefetchQueue, params: set[int], device: int, evicted: int
+        self,
+        target: int,
+        queue: plan.PrefetchQueue,
+        params: set[int],
+        device: int,
+        evicted: int,
+        sizer: Callable[[int], int] | None = None,
     ) -> None:
-        self.plan = plan.ForwardPlan(target)
+        self.plan = plan.ForwardPlan(target, sizer)
         self.queue = queue
         self.params = params
         self.device = device
@@ -199,6 +206,8 @@ class _Window:
         self.room = room  # the least free room seen in the window so far
         self.seen = fwd.plan.seen
         self.offloaded = fwd.plan.offloaded
+        self.first = fwd.plan.first  # Note [A target for each size of forward] (_um_plan.py)
+        self.target = fwd.plan.target if fwd.plan.first else None
         self.saves = fwd.saves
         self.callback = False  # the backward's end will close it
 
@@ -287,24 +296,32 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         with self._lock:
             queue = plan.PrefetchQueue(self.max_lookahead, self.lookahead)
             self._latest = weakref.ref(queue)
-            target = self.target.bytes
             # Page-locked buffers are host RAM the kernel cannot reclaim: a forward
             # that would need more of it than host_headroom leaves offloads less (the
             # host allocator keeps the last forward's buffers, and those made ahead for
             # this one, for it).
-            grow = max(0, target - self.offloaded_last - self.warmed)
+            host_cap = self.offloaded_last + self.warmed + self._host_room()
             self.warmed = 0
-            room = self._host_room()
-            if grow > room:
-                target = max(0, target - (grow - room))
-                self.stats["host_limited"] += 1
+            target = self._sized(self.target.bytes, host_cap)  # as if like the last one
             trim = target > 0 and not self.trimmed
             if trim:
                 self.trimmed = True
                 self.stats["trims"] += 1
         if trim:  # Note [The cache the first forward left]
             torch.cuda.empty_cache()
-        return _Forward(target, queue, params, device, self._counters(device)[0])
+
+        def sizer(first: int) -> int:  # at the first candidate save, under the lock
+            return self._sized(self.target.for_forward(first), host_cap, count=True)
+
+        return _Forward(target, queue, params, device, self._counters(device)[0], sizer)
+
+    def _sized(self, target: int, host_cap: int, count: bool = False) -> int:
+        """``target`` within the page-locked memory a forward may take (the lock is held)."""
+        if target <= host_cap:
+            return target
+        if count:
+            self.stats["host_limited"] += 1
+        return max(0, host_cap)
 
     def _end(self, fwd: _Forward) -> None:
         torch._C._autograd._pop_saved_tensors_default_hooks()
@@ -356,7 +373,9 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             if self._window is not window:
                 return  # closed already
             self._window = None
-            self.target.update(evicted - window.evicted, window.room, window.seen)
+            self.target.update(
+                evicted - window.evicted, window.room, window.seen, window.first, window.target
+            )
             # Only a target past what left this time can want new buffers: the host's
             # room is read (the engine reads /proc) in that case alone.
             warm = (
