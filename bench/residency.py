@@ -17,7 +17,8 @@ the CPU from a fixed seed (no weights are downloaded) and moved to the GPU, so t
 mode starts from the same weights and stock and +um losses and outputs can be compared.
 
 ``train`` (AdamW, batch 4 x 1024 random tokens, loss = model(ids, labels=ids).loss; default
-budget 8 GiB), modes:
+budget 8 GiB; ``--lengths 1024,512,768``: the steps take the first L tokens in turn, a
+pattern that changes every step, and the floor is that of stock's mean timed step), modes:
   stock               stock torch, in memory, no limit
   um-nobudget         +um, device_budget 100 %
   um-static           +um, policy static, device_budget BUDGET
@@ -423,6 +424,18 @@ def full_speed(
     return {"canary_limit_s": FULL_SPEED * fastest, "modes": modes}
 
 
+def cycle_over(stock_runs: list[dict[str, Any]], budget: int) -> int | None:
+    """Bytes past the budget of stock's mean timed step, where the steps' lengths change
+    (--lengths: each step's own peak recorded); None otherwise."""
+    overs = [
+        max(0, peak - budget)
+        for s in stock_runs
+        if s.get("step_peak_allocated_bytes")
+        for peak in s["step_peak_allocated_bytes"][s.get("warmup", 0) :]
+    ]
+    return sum(overs) // len(overs) if overs else None
+
+
 def summarize(
     workload: str, samples: list[dict[str, Any]], budget: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -438,8 +451,11 @@ def summarize(
     h2d = max((s["h2d_bytes_per_s"] for s in links), default=0.0)
     d2h = max((s["d2h_bytes_per_s"] for s in links), default=0.0)
     both = max((s.get("both_bytes_per_s") or 0.0 for s in links), default=0.0) or None
-    floor = floor_seconds(workload, modes["stock"], peak, budget, h2d, d2h, both)
-    full_duplex = floor_seconds(workload, modes["stock"], peak, budget, h2d, d2h)
+    over = cycle_over(stock_runs, budget)
+    # A cycle of lengths (--lengths): the overflow of the mean step, not of the longest
+    at = budget + over if over is not None else peak
+    floor = floor_seconds(workload, modes["stock"], at, budget, h2d, d2h, both)
+    full_duplex = floor_seconds(workload, modes["stock"], at, budget, h2d, d2h)
     static = modes.get("um-static")
     prev = modes.get(PREV)
     plain = modes.get("um")  # the residency policy without prediction
@@ -479,7 +495,8 @@ def summarize(
             "stock_s": modes["stock"],
             "stock_peak_allocated_bytes": peak,
             "budget_bytes": budget,
-            "over_budget_bytes": max(0, peak - budget) if peak is not None else None,
+            "over_budget_bytes": max(0, at - budget) if at is not None else None,
+            "over_budget_of": "the mean timed step" if over is not None else "the peak",
             "h2d_bytes_per_s": h2d or None,
             "d2h_bytes_per_s": d2h or None,
             "both_bytes_per_s": both,
@@ -819,10 +836,12 @@ def _run(
     extra_conf: str = "",
     world: int = WORLD,
     model_name: str = models.DEFAULT,
+    lengths: list[int] | None = None,
 ) -> Any:
     """Set up the mode, run WARMUP + STEPS steps, return the worker's record fields
     (ddp: of one rank of ``world``, on GPU ``rank``). ``extra_conf``: engine settings over
-    the mode's (--conf; not for um-prev, whose engine may not know them)."""
+    the mode's (--conf; not for um-prev, whose engine may not know them). ``lengths``
+    (train): the steps' sequence lengths, in turn."""
     um = um_module(torch, mode if mode in UM_MODES else "stock")
     torch.cuda.set_device(rank)
     free, total, cap = safe_cap(torch)  # before any CUDA allocation
@@ -880,14 +899,20 @@ def _run(
         # stop the phases from overlapping), so the timed medians of a run with phases are
         # not compared with one without.
         mark = _PhaseClock(torch, um) if phases else None
-        for _ in range(warmup + steps):
+        cycle = lengths or [ids.shape[1]]
+        peaks: list[int] = []  # with lengths: each step's peak allocated bytes (the floor)
+        reserved = 0
+        for i in range(warmup + steps):
+            x = ids[:, : cycle[i % len(cycle)]]
             torch.cuda.synchronize()
+            if lengths:
+                torch.cuda.reset_peak_memory_stats()
             marks.append(engine_counters(um))
             clock.start()
             if mark:
                 mark.start()
             opt.zero_grad(set_to_none=True)
-            loss = model(ids, labels=ids).loss
+            loss = model(x, labels=x).loss
             if mark:
                 mark("forward")
             loss.backward()
@@ -898,9 +923,15 @@ def _run(
                 mark("optimizer")
             torch.cuda.synchronize()
             clock.stop()
+            if lengths:
+                peaks.append(int(torch.cuda.max_memory_allocated()))
+                reserved = max(reserved, int(torch.cuda.max_memory_reserved()))
             values.append(float(loss.detach().float()))
         if mark:
             info["phases"] = mark.steps
+        if lengths:
+            info["lengths"] = [cycle[i % len(cycle)] for i in range(warmup + steps)]
+            info["step_peak_allocated_bytes"] = peaks
     else:
         with torch.inference_mode():
             for _ in range(warmup + steps):
@@ -926,6 +957,9 @@ def _run(
         max_allocated_bytes=int(torch.cuda.max_memory_allocated()),
         max_reserved_bytes=int(torch.cuda.max_memory_reserved()),
     )
+    if info.get("step_peak_allocated_bytes"):  # peaks reset each step (lengths)
+        info["max_allocated_bytes"] = max(info["step_peak_allocated_bytes"])
+        info["max_reserved_bytes"] = reserved
     info[OUTPUTS[workload]] = values
     if um is not None:
         # Each step's own (warm-up ones included): how the run settled, step by step.
@@ -1023,6 +1057,7 @@ def worker(
     extra_conf: str = "",
     world: int = WORLD,
     model_name: str = models.DEFAULT,
+    lengths: list[int] | None = None,
 ) -> None:
     """One measurement; always emits one record (an OOM or an error included). ddp without
     a rank: launch the ``world`` ranks and emit their merged record."""
@@ -1045,6 +1080,7 @@ def worker(
             fields = _run(
                 torch, mode, run_as, steps, warmup, budget, rank or 0,
                 phases=phases, extra_conf=extra_conf, world=world, model_name=model_name,
+                lengths=lengths,
             )  # fmt: skip
         fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         emit({**base, **fields})
@@ -1142,6 +1178,22 @@ class PartialRecord:
         self.path = path
 
 
+def parse_lengths(text: str | None, workload: str) -> list[int] | None:
+    """--lengths: positive ints up to the workload's sequence length, train only."""
+    if text is None:
+        return None
+    if workload != "train":
+        raise BenchError("--lengths sets the sequence lengths of the train workload")
+    seq = BATCH[workload][1]
+    try:
+        lengths = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise BenchError(f"--lengths takes comma-separated ints, got {text!r}") from None
+    if not lengths or any(not 1 <= n <= seq for n in lengths):
+        raise BenchError(f"--lengths: each length must be 1 to {seq}, got {text!r}")
+    return lengths
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -1188,6 +1240,12 @@ def main(argv: list[str] | None = None) -> int:
         default=models.DEFAULT,
         help="the model (bench/models.py; default %(default)s)",
     )
+    ap.add_argument(
+        "--lengths",
+        default=None,
+        help="train: comma-separated sequence lengths the steps take in turn (a pattern that "
+        "changes every step), each at most the batch's; the floor is the mean step's",
+    )
     ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
     ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
     ap.add_argument(
@@ -1196,10 +1254,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     a = ap.parse_args(argv)
     budget = parse_size(a.budget or DEFAULT_BUDGET[a.workload]) // 4096 * 4096
+    lengths = parse_lengths(a.lengths, a.workload)
     if a.worker:
         worker(
             a.mode, a.workload, a.steps, a.warmup, budget, a.rank,
             phases=a.phases, extra_conf=a.conf, world=a.ranks or WORLD, model_name=a.model,
+            lengths=lengths,
         )  # fmt: skip
         return 0
     modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
@@ -1213,6 +1273,8 @@ def main(argv: list[str] | None = None) -> int:
         worker_args.append("--phases")
     if a.conf:
         worker_args += ["--conf", a.conf]
+    if lengths:
+        worker_args += ["--lengths", ",".join(map(str, lengths))]
     if a.ranks is not None:
         if a.workload != "ddp":
             raise BenchError("--ranks sets the processes of the ddp workload")
@@ -1234,6 +1296,7 @@ def main(argv: list[str] | None = None) -> int:
         "link_bytes": LINK_BYTES,
         "phases": a.phases,
         "conf": a.conf,
+        "lengths": lengths,
         "ranks": (a.ranks or WORLD) if a.workload == "ddp" else None,
     }
     out = Path(a.out) if a.out else None

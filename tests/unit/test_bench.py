@@ -1298,3 +1298,34 @@ def test_pinned_alloc_probe_runs_every_route_and_thread_count(
     assert "2.0 GB/s first" in text and "error: RuntimeError: refused" in text
     with pytest.raises(common.BenchError, match="at least one buffer"):
         probe.main(["--gib", "0.001", "--buffer-mib", "8"])
+
+
+def test_residency_lengths_are_checked_before_any_worker_runs() -> None:
+    for bad, match in (
+        (["infer", "--lengths", "512"], "sequence lengths of the train workload"),
+        (["train", "--lengths", "512,x"], "comma-separated ints, got '512,x'"),
+        (["train", "--lengths", "0,512"], "each length must be 1 to 1024"),
+        (["train", "--lengths", "2048"], "each length must be 1 to 1024"),
+    ):
+        with pytest.raises(common.BenchError, match=match):
+            residency.main(bad)
+    assert residency.parse_lengths("1024,512,768", "train") == [1024, 512, 768]
+    assert residency.parse_lengths(None, "train") is None
+
+
+def test_residency_floor_of_a_cycle_of_lengths_is_the_mean_steps() -> None:
+    """--lengths: each step's overflow is its own peak's; the floor is the mean timed
+    step's (the warm-up left out), not the longest's."""
+    peaks = [30 * GIB, 20 * GIB, 12 * GIB, 16 * GIB]  # warm-up, then 12, 4 and 8 over
+    samples: list[dict[str, Any]] = [
+        _link(50e9, 40e9),
+        _res("stock", 0.1, max_allocated_bytes=30 * GIB, warmup=1,
+             step_peak_allocated_bytes=peaks, losses=[1.0] * 4),
+        _res("um", 0.5, losses=[1.0] * 4),
+    ]  # fmt: skip
+    summary, analysis = residency.summarize("train", samples, 8 * GIB)
+    assert analysis["floor"]["over_budget_bytes"] == 8 * GIB
+    assert analysis["floor"]["over_budget_of"] == "the mean timed step"
+    assert summary["floor_s"] == pytest.approx(8 * GIB / 40e9)
+    assert residency.cycle_over(samples[1:2], 8 * GIB) == 8 * GIB
+    assert residency.cycle_over([_res("stock", 0.1)], 8 * GIB) is None
