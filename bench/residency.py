@@ -18,7 +18,8 @@ mode starts from the same weights and stock and +um losses and outputs can be co
 
 ``train`` (AdamW, batch 4 x 1024 random tokens, loss = model(ids, labels=ids).loss; default
 budget 8 GiB; ``--lengths 1024,512,768``: the steps take the first L tokens in turn, a
-pattern that changes every step, and the floor is that of stock's mean timed step), modes:
+pattern that changes every step; a run's seconds are then the median over its timed cycles
+of a cycle's mean step, and the floor that of stock's mean timed step), modes:
   stock               stock torch, in memory, no limit
   um-nobudget         +um, device_budget 100 %
   um-static           +um, policy static, device_budget BUDGET
@@ -957,9 +958,13 @@ def _run(
         max_allocated_bytes=int(torch.cuda.max_memory_allocated()),
         max_reserved_bytes=int(torch.cuda.max_memory_reserved()),
     )
-    if info.get("step_peak_allocated_bytes"):  # peaks reset each step (lengths)
+    if lengths:  # peaks reset each step; a step's seconds are its cycle's mean
         info["max_allocated_bytes"] = max(info["step_peak_allocated_bytes"])
         info["max_reserved_bytes"] = reserved
+        n, timed = len(lengths), times[warmup:]
+        cycles = [statistics.mean(timed[k : k + n]) for k in range(0, len(timed) - n + 1, n)]
+        info["cycle_means_s"] = cycles
+        info["median_s"] = statistics.median(cycles)
     info[OUTPUTS[workload]] = values
     if um is not None:
         # Each step's own (warm-up ones included): how the run settled, step by step.
@@ -1274,6 +1279,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.conf:
         worker_args += ["--conf", a.conf]
     if lengths:
+        if a.steps % len(lengths):
+            raise BenchError(
+                f"--steps {a.steps}: with --lengths, a multiple of the {len(lengths)} lengths "
+                "(a run's seconds are the median over its cycles of a cycle's mean step)"
+            )
         worker_args += ["--lengths", ",".join(map(str, lengths))]
     if a.ranks is not None:
         if a.workload != "ddp":

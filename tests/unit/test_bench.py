@@ -1311,6 +1311,8 @@ def test_residency_lengths_are_checked_before_any_worker_runs() -> None:
             residency.main(bad)
     assert residency.parse_lengths("1024,512,768", "train") == [1024, 512, 768]
     assert residency.parse_lengths(None, "train") is None
+    with pytest.raises(common.BenchError, match="--steps 10: with --lengths, a multiple of the 3"):
+        residency.main(["train", "--lengths", "1024,512,768"])
 
 
 def test_residency_floor_of_a_cycle_of_lengths_is_the_mean_steps() -> None:
