@@ -736,7 +736,7 @@ module = torch.nn.Linear(2, 2)
 slow = threading.Event()
 torch.empty = lambda n, dtype=None, pin_memory=False, **kw: slow.wait(0.5) or real_empty(0)
 off3 = P.Offloader(lambda device: (0, 0), lambda: 0, 1 << 30, 100)
-off3.target.bytes, off3.offloaded_last = 1000, 100
+off3._target_of(module).bytes, off3.offloaded_last = 1000, 100
 off3._start_warming([900])
 warming = off3._warming
 # no GPU here: the module's parameters are on the CPU, and nothing is being captured
@@ -890,6 +890,51 @@ def test_the_target_learns_from_the_kept_saves_window(um: tuple[UmPath, Path]) -
     assert got["sized"] == {
         "bytes": 3 * MiB, "sizes": {str(4 * MiB): 8 * MiB}, "twice": 11 * MiB
     }
+
+
+MODULES_PROBE = r"""
+import json, torch
+from torch.cuda import _um_predict as P
+
+MiB = 1 << 20
+state = {"evicted": 0}
+# no GPU here: the modules' parameters are on the CPU, and nothing is being captured
+torch.cuda.current_device = lambda: 0
+torch.cuda.is_current_stream_capturing = lambda: False
+off = P.Offloader(lambda device: (state["evicted"], 0), lambda: 1 << 40, 1 << 30, 100)
+model, criterion = torch.nn.Linear(2, 2), torch.nn.MSELoss()
+out = {"has_top": hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"), "model": []}
+
+def forward(module, saves, evicted):
+    fwd = off._begin(module)  # closes the window of the forward before
+    if fwd is None:
+        return None
+    for n in saves:
+        fwd.plan.offload(n)
+    state["evicted"] += evicted
+    off._end(fwd)
+    return fwd.plan.target
+
+# loss = criterion(model(x), y), three steps: the model's saves evict 6 MiB until its
+# target covers them; the criterion's 1 MiB fits
+for _ in range(3):
+    out["model"].append(forward(model, [4 * MiB] * 4, 6 * MiB if not out["model"] else 0))
+    forward(criterion, [1 * MiB], 0)
+print(json.dumps(out))
+"""
+
+
+def test_each_outermost_module_learns_its_own_target(um: tuple[UmPath, Path]) -> None:
+    """A loss module called after the model is an outermost forward of its own: the
+    model's target is learnt from the model's forwards, not from the criterion's small
+    one (learnt from the latest forward, the model's second target read 15 MiB: its 16
+    MiB of saves less the 1 MiB the criterion kept)."""
+    _, venv = um
+    got = probe(venv, MODULES_PROBE)
+    if not got["has_top"]:
+        assert got["model"] == [None] * 3  # torch 2.6: no offload at all
+        return
+    assert got["model"] == [0, 6 * MiB, 6 * MiB]
 
 
 TRIM_PROBE = r"""

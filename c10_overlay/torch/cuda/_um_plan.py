@@ -83,6 +83,9 @@ class OffloadTarget:
     bytes the forwards with that first save saved last time (``sizes``, up to
     MAX_SIZES of them), else the last forward's scaled by the two first saves, less
     what the last forward kept. ``bytes`` is the target for a forward like the last.
+    Each outermost module has a target of its own (``Offloader._target_of``): a loss
+    module called after the model is an outermost forward too, and what its small forward
+    kept says nothing of the model's.
     """
 
     MAX_SIZES = 64  # forward sizes remembered (dynamic padding makes many)

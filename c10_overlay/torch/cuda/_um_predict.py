@@ -184,8 +184,10 @@ class _Forward:
         device: int,
         evicted: int,
         sizer: Callable[[int], int] | None = None,
+        owner: plan.OffloadTarget | None = None,
     ) -> None:
         self.plan = plan.ForwardPlan(target, sizer)
+        self.owner = owner  # the outermost module's target (None: the offloader's latest)
         self.queue = queue
         self.params = params
         self.device = device
@@ -208,6 +210,7 @@ class _Window:
         self.offloaded = fwd.plan.offloaded
         self.first = fwd.plan.first  # Note [A target for each size of forward] (_um_plan.py)
         self.target = fwd.plan.target if fwd.plan.first else None
+        self.owner = fwd.owner
         self.saves = fwd.saves
         self.callback = False  # the backward's end will close it
 
@@ -228,6 +231,12 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         self._host_room = host_room
         self._lock = threading.Lock()
         super().__init__()
+        # One target for each outermost module: a loss module called after the model
+        # (criterion(model(x), y)) is an outermost forward of its own, whose saves say
+        # nothing of what the model may keep. ``target``: the latest forward's module's.
+        self._targets: weakref.WeakKeyDictionary[Any, plan.OffloadTarget] = (
+            weakref.WeakKeyDictionary()
+        )
         self.target = plan.OffloadTarget(margin=margin)
         self.max_lookahead = max_lookahead
         self.lookahead = 0
@@ -265,6 +274,18 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         """The room left unplanned, from now on (a new device budget)."""
         with self._lock:
             self.margin = self.target.margin = margin
+            for target in self._targets.values():
+                target.margin = margin
+
+    def _target_of(self, module: torch.nn.Module) -> plan.OffloadTarget:
+        """``module``'s target, made at its first forward (the lock is held)."""
+        try:
+            target = self._targets.get(module)
+            if target is None:
+                target = self._targets[module] = plan.OffloadTarget(margin=self.margin)
+        except TypeError:  # a module that cannot be a weak key: the offloader's latest
+            return self.target
+        return target
 
     # ---- module hooks: the outermost forward (plan.OutermostForward's enter, exit) ---
 
@@ -302,7 +323,8 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             # this one, for it).
             host_cap = self.offloaded_last + self.warmed + self._host_room()
             self.warmed = 0
-            target = self._sized(self.target.bytes, host_cap)  # as if like the last one
+            owner = self.target = self._target_of(module)
+            target = self._sized(owner.bytes, host_cap)  # as if like its last forward
             trim = target > 0 and not self.trimmed
             if trim:
                 self.trimmed = True
@@ -311,9 +333,10 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             torch.cuda.empty_cache()
 
         def sizer(first: int) -> int:  # at the first candidate save, under the lock
-            return self._sized(self.target.for_forward(first), host_cap, count=True)
+            return self._sized(owner.for_forward(first), host_cap, count=True)
 
-        return _Forward(target, queue, params, device, self._counters(device)[0], sizer)
+        evicted = self._counters(device)[0]
+        return _Forward(target, queue, params, device, evicted, sizer, owner)
 
     def _sized(self, target: int, host_cap: int, count: bool = False) -> int:
         """``target`` within the page-locked memory a forward may take (the lock is held)."""
@@ -373,14 +396,15 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             if self._window is not window:
                 return  # closed already
             self._window = None
-            self.target.update(
+            owner = window.owner or self.target
+            owner.update(
                 evicted - window.evicted, window.room, window.seen, window.first, window.target
             )
             # Only a target past what left this time can want new buffers: the host's
             # room is read (the engine reads /proc) in that case alone.
             warm = (
-                plan.buffers_to_warm(window.saves, self.target.bytes, self._host_room())
-                if self.target.bytes > window.offloaded
+                plan.buffers_to_warm(window.saves, owner.bytes, self._host_room())
+                if owner.bytes > window.offloaded
                 else []
             )
         if warm:
@@ -587,7 +611,9 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
     def counters(self) -> dict[str, int]:
         with self._lock:
             out = {f"predict.{k}": v for k, v in self.stats.items()}
-            out["predict.target_bytes"] = self.target.bytes
+            out["predict.target_bytes"] = max(
+                [self.target.bytes, *(t.bytes for t in self._targets.values())]
+            )
             out["predict.lookahead_bytes"] = self.lookahead
             out["predict.register_route"] = int(self.register_route)
         return out
