@@ -104,7 +104,8 @@ class OffloadTarget:
         saved = self.sizes.get(first)
         if saved is None:
             saved = ref * first // self.last if self.last > 0 else ref
-        return max(0, min(saved, saved - (ref - self.bytes)))
+        kept = max(0, ref - self.bytes)  # what the last forward kept on the device
+        return max(0, saved - kept)
 
     def update(
         self, evicted: int, room: int, saved: int, first: int = 0, target: int | None = None

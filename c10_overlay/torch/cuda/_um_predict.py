@@ -209,7 +209,7 @@ class _Window:
         self.seen = fwd.plan.seen
         self.offloaded = fwd.plan.offloaded
         self.first = fwd.plan.first  # Note [A target for each size of forward] (_um_plan.py)
-        self.target = fwd.plan.target if fwd.plan.first else None
+        self.planned = fwd.plan.target if fwd.plan.first else None  # the forward's target
         self.owner = fwd.owner
         self.saves = fwd.saves
         self.callback = False  # the backward's end will close it
@@ -398,7 +398,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             self._window = None
             owner = window.owner or self.target
             owner.update(
-                evicted - window.evicted, window.room, window.seen, window.first, window.target
+                evicted - window.evicted, window.room, window.seen, window.first, window.planned
             )
             # Only a target past what left this time can want new buffers: the host's
             # room is read (the engine reads /proc) in that case alone.
