@@ -1449,7 +1449,8 @@ def _patch_empty_cache() -> None:
 def predict_stats() -> dict[str, int]:
     """Counters of the saved-activation offload (``predict:True``), empty before its
     first use: ``predict.forwards`` (forwards run under it), ``predict.target_bytes``
-    (bytes of saves the next forward offloads), ``predict.offloaded_bytes`` /
+    (bytes of saves the next forward like the last one offloads; the largest over the
+    outermost modules, each of which learns its own), ``predict.offloaded_bytes`` /
     ``predict.offloaded_saves`` / ``predict.kept_bytes`` (saves that left by copy and
     that stayed), ``predict.ahead_bytes`` (brought back ahead of use), ``predict.hits``
     (a use found its bytes back), ``predict.late`` (still on their way),
