@@ -788,7 +788,7 @@ def offloader():
     return P.Offloader(lambda device: (state["evicted"], state["room"]), lambda: 0, 1 << 30, 100)
 
 def forward_end(off):
-    fwd = P._Forward(0, P.plan.PrefetchQueue(1 << 30, 0), set(), 0, 0)
+    fwd = P._Forward(off.target.bytes, P.plan.PrefetchQueue(1 << 30, 0), set(), 0, 0)
     fwd.plan.seen = 4 << 20
     torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
     off._end(fwd)  # room 600 at the forward's end: past the margin of 100

@@ -815,3 +815,9 @@ def test_a_target_scales_to_a_size_not_seen_yet() -> None:
     for k in range(1, plan.OffloadTarget.MAX_SIZES + 5):
         t.update(evicted=0, room=0, saved=1000 + k, first=1000 + k)
     assert len(t.sizes) == plan.OffloadTarget.MAX_SIZES and 100 not in t.sizes
+
+
+def test_budget_margin_is_a_sixteenth_of_the_budget_at_least_16_mib() -> None:
+    assert plan.budget_margin(8 << 30) == 512 * MiB
+    assert plan.budget_margin(256 * MiB) == 16 * MiB
+    assert plan.budget_margin(0) == 16 * MiB

@@ -46,6 +46,12 @@ MiB = 1 << 20
 Touch = Callable[[list["torch.Tensor"]], None]
 
 
+def budget_margin(budget: int) -> int:
+    """Room under a device budget that the offload and the weight streaming leave
+    unplanned: a sixteenth of it, at least 16 MiB."""
+    return max(16 * MiB, budget // 16)
+
+
 @dataclass
 class OffloadTarget:
     """Bytes of the next forward's saves to offload, learned from the forwards before.

@@ -209,7 +209,7 @@ class _Window:
         self.seen = fwd.plan.seen
         self.offloaded = fwd.plan.offloaded
         self.first = fwd.plan.first  # Note [A target for each size of forward] (_um_plan.py)
-        self.planned = fwd.plan.target if fwd.plan.first else None  # the forward's target
+        self.planned = fwd.plan.target  # the target the forward ran with
         self.owner = fwd.owner
         self.saves = fwd.saves
         self.callback = False  # the backward's end will close it

@@ -436,7 +436,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         """The device budget: the ring's cap (Note [Ring size]) and the margin of the
         targets recorded from now on."""
         self.budget = budget
-        self.margin = max(16 << 20, budget // 16)
+        self.margin = plan.budget_margin(budget)
 
     # ---- module hooks (plan.OutermostForward's enter and exit) ---------------------------
 

@@ -747,8 +747,11 @@ def _apply_predict_settings() -> None:
     lookahead = int(conf.get("predict_lookahead", 1 << 30))
     if _offloader is not None:
         _offloader.max_lookahead = lookahead
-        if _current_budget() > 0:  # the margin follows the budget, as the streamer's does
-            _offloader.set_margin(_offload_margin())
+        from torch.cuda import _um_plan
+
+        budget = _current_budget()
+        if budget > 0:  # the margin follows the budget, as the streamer's does
+            _offloader.set_margin(_um_plan.budget_margin(budget))
     if _streamer is not None:
         _streamer.max_lookahead = lookahead
         sms = conf.get("predict_copy_sms", "auto")
@@ -1263,11 +1266,6 @@ def _host_room() -> int:
     return int(_lib.torch_um_host_room()) if _lib is not None else 0
 
 
-def _offload_margin() -> int:
-    """Room under the current device's budget that the offload leaves unplanned."""
-    return max(16 << 20, _current_budget() // 16)
-
-
 def _predictor() -> Any:
     """The process's offloader when ``predict:True``, else None."""
     global _offloader
@@ -1275,10 +1273,10 @@ def _predictor() -> Any:
     if cfg.get("predict") != "True":
         return None
     if _offloader is None:
-        from torch.cuda import _um_predict
+        from torch.cuda import _um_plan, _um_predict
 
         lookahead = int(cfg.get("predict_lookahead", 1 << 30))
-        margin = _offload_margin()
+        margin = _um_plan.budget_margin(_current_budget())
         _offloader = _um_predict.Offloader(_engine_counters, _host_room, lookahead, margin)
         _offloader.register_route = _prefer_registration()
     return _offloader
