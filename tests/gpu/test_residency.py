@@ -370,6 +370,9 @@ def _loop(kind: str) -> tuple[list[float], list[float]]:
       program's own saved-tensor hooks in every layer, recomputation in the backward).
     - ``resnet-bn``: torchvision's ResNet-18 (batch norms updating buffers in the forward,
       in-place ReLUs on saved outputs), SGD with momentum, channels-last.
+    - ``criterion-module``: the decoder's logits into an ``nn.CrossEntropyLoss`` module, so
+      two outermost modules run forwards each step, the second between the first's forward
+      and its backward (each learns its own offload target).
     """
     torch.manual_seed(5)
     gen = torch.Generator("cuda").manual_seed(6)
@@ -403,6 +406,16 @@ def _loop(kind: str) -> tuple[list[float], list[float]]:
             opt.step()
             losses.append(float(loss))
         return losses, extra
+    if kind == "criterion-module":
+        criterion = torch.nn.CrossEntropyLoss()
+        for _ in range(6):
+            opt.zero_grad(set_to_none=True)
+            logits = model(ids).logits[:, :-1]
+            loss = criterion(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        return losses, extra
     assert kind == "accum-amp-clip", kind
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0**12)
     for _ in range(6):
@@ -420,14 +433,17 @@ def _loop(kind: str) -> tuple[list[float], list[float]]:
     return losses, extra
 
 
-@pytest.mark.parametrize("kind", ["accum-amp-clip", "checkpointing", "resnet-bn"])
+@pytest.mark.parametrize(
+    "kind", ["accum-amp-clip", "checkpointing", "resnet-bn", "criterion-module"]
+)
 def test_training_loops_as_written_match_in_memory_with_predict(
     torch_mod: Any, um: Any, limits: Limits, kind: str
 ) -> None:
     """Past a 256 MiB budget with predict on, gradient accumulation under autocast with a
-    GradScaler and clipping, the program's own activation checkpointing, and a CNN with
-    batch norms give the in-memory run's losses, gradient norms, scales and running
-    statistics: bit for bit where two in-memory runs agree bit for bit."""
+    GradScaler and clipping, the program's own activation checkpointing, a CNN with
+    batch norms, and a loss module after the model give the in-memory run's losses,
+    gradient norms, scales and running statistics: bit for bit where two in-memory runs
+    agree bit for bit."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         release_cache(torch)
