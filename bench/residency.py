@@ -19,7 +19,9 @@ mode starts from the same weights and stock and +um losses and outputs can be co
 ``train`` (AdamW, batch 4 x 1024 random tokens, loss = model(ids, labels=ids).loss; default
 budget 8 GiB; ``--lengths 1024,512,768``: the steps take the first L tokens in turn, a
 pattern that changes every step; a run's seconds are then the median over its timed cycles
-of a cycle's mean step, and the floor that of stock's mean timed step), modes:
+of a cycle's mean step, and the floor that of stock's mean timed step; ``--loss module``:
+the loss is an ``nn.CrossEntropyLoss`` module called on the model's float logits, as
+plain PyTorch loops write it, so two outermost modules run forwards each step), modes:
   stock               stock torch, in memory, no limit
   um-nobudget         +um, device_budget 100 %
   um-static           +um, policy static, device_budget BUDGET
@@ -838,11 +840,13 @@ def _run(
     world: int = WORLD,
     model_name: str = models.DEFAULT,
     lengths: list[int] | None = None,
+    loss_module: bool = False,
 ) -> Any:
     """Set up the mode, run WARMUP + STEPS steps, return the worker's record fields
     (ddp: of one rank of ``world``, on GPU ``rank``). ``extra_conf``: engine settings over
     the mode's (--conf; not for um-prev, whose engine may not know them). ``lengths``
-    (train): the steps' sequence lengths, in turn."""
+    (train): the steps' sequence lengths, in turn; ``loss_module`` (train): the loss by
+    an ``nn.CrossEntropyLoss`` module after the model, not inside its forward."""
     um = um_module(torch, mode if mode in UM_MODES else "stock")
     torch.cuda.set_device(rank)
     free, total, cap = safe_cap(torch)  # before any CUDA allocation
@@ -901,6 +905,7 @@ def _run(
         # not compared with one without.
         mark = _PhaseClock(torch, um) if phases else None
         cycle = lengths or [ids.shape[1]]
+        criterion = torch.nn.CrossEntropyLoss() if loss_module else None
         peaks: list[int] = []  # with lengths: each step's peak allocated bytes (the floor)
         reserved = 0
         for i in range(warmup + steps):
@@ -913,7 +918,11 @@ def _run(
             if mark:
                 mark.start()
             opt.zero_grad(set_to_none=True)
-            loss = model(x, labels=x).loss
+            if criterion is None:
+                loss = model(x, labels=x).loss
+            else:  # the shift and the float upcast the model's own loss makes, outside it
+                logits = model(x).logits[:, :-1].float()
+                loss = criterion(logits.flatten(0, 1), x[:, 1:].flatten())
             if mark:
                 mark("forward")
             loss.backward()
@@ -1063,6 +1072,7 @@ def worker(
     world: int = WORLD,
     model_name: str = models.DEFAULT,
     lengths: list[int] | None = None,
+    loss_module: bool = False,
 ) -> None:
     """One measurement; always emits one record (an OOM or an error included). ddp without
     a rank: launch the ``world`` ranks and emit their merged record."""
@@ -1085,7 +1095,7 @@ def worker(
             fields = _run(
                 torch, mode, run_as, steps, warmup, budget, rank or 0,
                 phases=phases, extra_conf=extra_conf, world=world, model_name=model_name,
-                lengths=lengths,
+                lengths=lengths, loss_module=loss_module,
             )  # fmt: skip
         fields["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         emit({**base, **fields})
@@ -1251,6 +1261,13 @@ def main(argv: list[str] | None = None) -> int:
         help="train: comma-separated sequence lengths the steps take in turn (a pattern that "
         "changes every step), each at most the batch's; the floor is the mean step's",
     )
+    ap.add_argument(
+        "--loss",
+        choices=("model", "module"),
+        default="model",
+        help="train: the loss inside the model's forward (model(ids, labels=ids).loss, the "
+        "default) or by an nn.CrossEntropyLoss module called after it (module)",
+    )
     ap.add_argument("--stock-pythonpath", default=None, help="PYTHONPATH of a stock torch")
     ap.add_argument("--um-pythonpath", default=None, help="PYTHONPATH of a +um torch")
     ap.add_argument(
@@ -1264,7 +1281,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(
             a.mode, a.workload, a.steps, a.warmup, budget, a.rank,
             phases=a.phases, extra_conf=a.conf, world=a.ranks or WORLD, model_name=a.model,
-            lengths=lengths,
+            lengths=lengths, loss_module=a.loss == "module",
         )  # fmt: skip
         return 0
     modes = selected_modes(a.workload, a.modes, prev=a.prev_pythonpath is not None)
@@ -1285,6 +1302,10 @@ def main(argv: list[str] | None = None) -> int:
                 "(a run's seconds are the median over its cycles of a cycle's mean step)"
             )
         worker_args += ["--lengths", ",".join(map(str, lengths))]
+    if a.loss != "model":
+        if a.workload != "train":
+            raise BenchError("--loss chooses how the train workload computes its loss")
+        worker_args += ["--loss", a.loss]
     if a.ranks is not None:
         if a.workload != "ddp":
             raise BenchError("--ranks sets the processes of the ddp workload")
@@ -1307,6 +1328,7 @@ def main(argv: list[str] | None = None) -> int:
         "phases": a.phases,
         "conf": a.conf,
         "lengths": lengths,
+        "loss": a.loss if a.workload == "train" else None,
         "ranks": (a.ranks or WORLD) if a.workload == "ddp" else None,
     }
     out = Path(a.out) if a.out else None

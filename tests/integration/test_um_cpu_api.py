@@ -937,6 +937,74 @@ def test_each_outermost_module_learns_its_own_target(um: tuple[UmPath, Path]) ->
     assert got["model"] == [0, 6 * MiB, 6 * MiB]
 
 
+CHAIN_PROBE = r"""
+import json, torch
+from torch.cuda import _um_predict as P
+
+MiB = 1 << 20
+state = {"evicted": 0, "room": 0}
+# no GPU here: the modules' parameters are on the CPU, and nothing is being captured
+torch.cuda.current_device = lambda: 0
+torch.cuda.is_current_stream_capturing = lambda: False
+off = P.Offloader(lambda device: (state["evicted"], state["room"]), lambda: 1 << 40, 1 << 30, MiB)
+model, criterion = torch.nn.Linear(2, 2), torch.nn.MSELoss()
+ids = torch.zeros(2)  # a batch: no autograd history
+logits = torch.ones(2, requires_grad=True) * 2  # the model's output: history
+kept = torch.zeros(MiB)  # a save that stayed on the device, of 4 MiB
+out = {"has_top": hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"), "steps": []}
+
+def forward(module, args, saves):
+    fwd = off._begin(module, args)
+    if fwd is None:
+        return None
+    for n in saves:
+        fwd.plan.offload(n)
+    off._end(fwd)
+    return fwd
+
+# Three steps of loss = criterion(model(ids), y): the forward ends with 10 MiB free; the
+# backward's kept phase evicts 6 MiB with no room left; its first read of a save that
+# left closes the window (Offloader.unpack), or the next step's start does
+for step in range(3):
+    state["room"] = 10 * MiB
+    fwd = forward(model, (ids,), [4 * MiB] * 4)
+    if fwd is None:
+        break
+    opened = off._window
+    forward(criterion, (logits, ids), [1 * MiB])
+    record = {"joined": off._window is opened and len(opened.parts) == 2}
+    state["evicted"] += 6 * MiB if step == 0 else 0
+    state["room"] = 0
+    off._watch(kept)  # the backward reads a kept save: the room it reads is 0
+    if step < 2:
+        off._learn(off._window)
+    record["targets"] = [off._target_of(model).bytes, off._target_of(criterion).bytes]
+    out["steps"].append(record)
+# a forward with no history ends the chain of the step before (its backward never came)
+left = off._window
+forward(model, (ids,), [4 * MiB] * 4)
+out["closed_by_a_batch"] = left is not None and off._window is not left
+print(json.dumps(out))
+"""
+
+
+def test_a_loss_module_joins_the_models_window(um: tuple[UmPath, Path]) -> None:
+    """Note [A chain of forwards before one backward]: a loss module called on the model's
+    output keeps the model's window open into the backward and shares it: the model's
+    target learns the kept phase's 6 MiB of evictions and the loss module's stays 0. With
+    the window closed at the loss module's start (checked by reverting), the model's
+    target learnt from the forward's end alone (0: 10 MiB free) and the loss module's
+    took its 1 MiB save. A forward on a fresh batch ends the chain."""
+    _, venv = um
+    got = probe(venv, CHAIN_PROBE)
+    if not got["has_top"]:
+        assert got["steps"] == []  # torch 2.6: no offload at all
+        return
+    assert [s["joined"] for s in got["steps"]] == [True] * 3
+    assert [s["targets"] for s in got["steps"]] == [[6 * MiB, 0]] * 3
+    assert got["closed_by_a_batch"] is True
+
+
 TRIM_PROBE = r"""
 import json, torch
 from torch.cuda import _um_predict as P
@@ -1371,7 +1439,7 @@ class Recorder(_um_plan.OutermostForward):
     def __init__(self):
         super().__init__()
         self.begun = []
-    def _begin(self, module):
+    def _begin(self, module, args):
         self.begun.append(type(module).__name__)
         return [module]
     def _inner(self, run, module): pass

@@ -1315,6 +1315,13 @@ def test_residency_lengths_are_checked_before_any_worker_runs() -> None:
         residency.main(["train", "--lengths", "1024,512,768"])
 
 
+def test_residency_loss_module_is_for_training_only() -> None:
+    with pytest.raises(common.BenchError, match="--loss chooses how the train workload"):
+        residency.main(["infer", "--loss", "module"])
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        residency.main(["train", "--loss", "mse"])
+
+
 def test_residency_floor_of_a_cycle_of_lengths_is_the_mean_steps() -> None:
     """--lengths: each step's overflow is its own peak's; the floor is the mean timed
     step's (the warm-up left out), not the longest's."""

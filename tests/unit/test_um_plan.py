@@ -39,6 +39,35 @@ def test_target_starts_at_zero_and_moves_by_the_evictions_net_of_the_spare_room(
     assert t.update(evicted=800, room=20, saved=723) == 723
 
 
+def test_a_chain_learns_as_one_forward_and_lays_its_target_over_the_parts_in_order() -> None:
+    """Note [A chain of forwards before one backward]: a model and a loss module after it
+    learn one target, the model's saves (the chain's first) taking it first."""
+    model, loss = plan.OffloadTarget(margin=100), plan.OffloadTarget(margin=100)
+
+    def chain(evicted: int, room: int) -> tuple[int, int]:
+        plan.learn_chain(
+            [plan.ChainPart(model, 1600, 400, model.bytes), plan.ChainPart(loss, 100, 100, loss.bytes)],
+            evicted, room,
+        )  # fmt: skip
+        return model.bytes, loss.bytes
+
+    assert chain(evicted=600, room=0) == (600, 0)  # all of it the model's
+    assert chain(evicted=1100, room=0) == (1600, 100)  # past the model's saves: the rest
+    assert chain(evicted=0, room=500) == (1400, 0)  # shrinks by 3/4 of 400 from the end
+    assert (model.sizes, loss.sizes, model.last, loss.last) == ({400: 1600}, {100: 100}, 400, 100)
+    # One part alone is update's rule, and its per-size table
+    one, alone = plan.OffloadTarget(margin=16), plan.OffloadTarget(margin=16)
+    for evicted, room in ((800, 20), (0, 500), (300, 30)):
+        plan.learn_chain([plan.ChainPart(one, 723, 8, one.bytes)], evicted, room)
+        assert one.bytes == alone.update(evicted, room, 723, 8)
+        assert (one.sizes, one.forwards) == (alone.sizes, alone.forwards)
+    # A module met three times (a cell unrolled by the program): the mean of its shares
+    cell = plan.OffloadTarget(margin=0)
+    plan.learn_chain([plan.ChainPart(cell, 800, 800, 0)] * 3, evicted=1200, room=0)
+    assert cell.bytes == (800 + 400 + 0) // 3
+    plan.learn_chain([], evicted=5, room=0)  # nothing to learn: no error
+
+
 def test_forward_plan_offloads_the_earliest_saves() -> None:
     p = plan.ForwardPlan(target=250)
     assert [p.offload(100) for _ in range(5)] == [True, True, True, False, False]
@@ -669,7 +698,7 @@ class _Recorder(_Hooks):  # type: ignore[misc]
         super().__init__()
         self.log: list[tuple[str, str]] = []
 
-    def _begin(self, module: Any) -> list[Any] | None:
+    def _begin(self, module: Any, args: object) -> list[Any] | None:
         self.log.append(("begin", module))
         return None if module == "skip" else [module]
 

@@ -91,7 +91,7 @@ class OffloadTarget:
     what the last forward kept. ``bytes`` is the target for a forward like the last.
     Each outermost module has a target of its own (``Offloader._target_of``): a loss
     module called after the model is an outermost forward too, and what its small forward
-    kept says nothing of the model's.
+    kept says nothing of the model's; the two learn together, as one chain (``learn_chain``).
     """
 
     MAX_SIZES = 64  # forward sizes remembered (dynamic padding makes many)
@@ -118,16 +118,67 @@ class OffloadTarget:
     ) -> int:
         """Learn from a forward that saved ``saved`` candidate bytes, the first ``first``,
         under ``target`` (default ``bytes``); returns the target for its like."""
-        self.forwards += 1
         was = self.bytes if target is None else target
+        return self.record(saved, first, self.proposal(evicted, room, was))
+
+    def proposal(self, evicted: int, room: int, was: int) -> int:
+        """The bytes a forward that ran with target ``was`` should have offloaded, by the
+        evictions and the least room read (see above); not yet bounded by its saves."""
         short = max(0, evicted) - max(0, room - self.margin)
-        new = was + short if short > 0 else was + short * 3 // 4
-        self.bytes = max(0, min(new, saved))
+        return was + short if short > 0 else was + short * 3 // 4
+
+    def record(self, saved: int, first: int, target: int) -> int:
+        """A forward that saved ``saved`` bytes, the first ``first``, should offload
+        ``target`` (bounded by ``saved``): the target for its like, returned."""
+        self.forwards += 1
+        self.bytes = max(0, min(target, saved))
         if first not in self.sizes and len(self.sizes) >= self.MAX_SIZES:
             del self.sizes[next(iter(self.sizes))]  # the oldest size
         self.sizes[first] = saved
         self.last = first
         return self.bytes
+
+
+@dataclass
+class ChainPart:
+    """One forward of a chain (Note [A chain of forwards before one backward]): its
+    module's target, the candidate bytes it saved, its first save, the target it ran with."""
+
+    target: OffloadTarget
+    saved: int
+    first: int
+    planned: int
+
+
+def learn_chain(parts: list[ChainPart], evicted: int, room: int) -> None:
+    """Note [A chain of forwards before one backward]
+    A forward called on a tensor that carries autograd history while an earlier forward's
+    window is open (Note [The kept saves' window], _um_predict.py) continues that
+    forward's graph, and one backward will run through both: a loss module on the
+    model's logits, a discriminator on a generator's output, a cell applied to its own
+    output. Closing the first forward's window at the second's start, as a forward of
+    the next batch does, would learn the model's target before its backward and the
+    loss module's from the model's kept phase: the model's grew from the forward's
+    evictions alone, and the small module, read first by the backward, took the rest.
+    So a chain is one forward to the offload: one window from the first forward's end to
+    the backward, its evictions and least room learnt once, against the sum of the
+    targets the parts ran with; the chain's new target is then laid over the parts in the
+    order they ran, as a forward's target is over its saves (the first saves leave first:
+    the backward reads them last). A module met more than once in the chain (a cell
+    unrolled by the program) gets the mean of its parts' shares, its one target serving
+    each of its forwards. A forward with no history (the next batch) ends the chain."""
+    if not parts:
+        return
+    total = parts[0].target.proposal(evicted, room, sum(p.planned for p in parts))
+    left = max(0, min(total, sum(p.saved for p in parts)))
+    shares: dict[int, tuple[ChainPart, int, int]] = {}  # id(target) -> last part, bytes, parts
+    for part in parts:
+        take = min(left, part.saved)
+        left -= take
+        _, given, count = shares.get(id(part.target), (part, 0, 0))
+        shares[id(part.target)] = (part, given + take, count + 1)
+    for last, given, count in shares.values():
+        last.target.record(last.saved, last.first, given // count)
 
 
 @dataclass
@@ -574,8 +625,8 @@ Run = TypeVar("Run")
 class OutermostForward(Generic[Run]):
     """Module hooks that follow each thread's outermost forward.
 
-    ``enter`` (a global forward pre-hook) calls ``_begin(module)`` when no forward is
-    under way on the thread, keeping what it returns as the thread's run (None: nothing
+    ``enter`` (a global forward pre-hook) calls ``_begin(module, args)`` when no forward
+    is under way on the thread, keeping what it returns as the thread's run (None: nothing
     to do in this forward), and ``_inner(run, module)`` for each module called inside it;
     ``exit`` (a global forward hook registered with ``always_call``, so that it runs when
     a forward raises too) calls ``_leave(run, module)`` for each and ``_end(run)`` when
@@ -625,7 +676,7 @@ class OutermostForward(Generic[Run]):
         st.depth = depth + 1
         if depth == 0:
             outermost = self.active and not self._inside_unseen_forward()
-            st.run = self._begin(module) if outermost else None
+            st.run = self._begin(module, args) if outermost else None
             return
         run = getattr(st, "run", None)
         if run is not None:
@@ -670,7 +721,9 @@ class OutermostForward(Generic[Run]):
             st.run = None
             self._end(run)
 
-    def _begin(self, module: Any) -> Run | None:
+    def _begin(self, module: Any, args: object) -> Run | None:
+        """An outermost forward of ``module`` called with ``args`` (its positional
+        arguments) begins; what it returns is the thread's run."""
         raise NotImplementedError
 
     def _inner(self, run: Run, module: Any) -> None:

@@ -38,20 +38,22 @@ The saves that stay on the device live from their forward to the backward's read
 them, which come first: the backward reads the last saves first, and those are the ones
 kept. So the device is fullest not at the forward's end but some way into the backward,
 once the loss's and the last layers' gradients are added to every kept save and the
-parameters. Learning from the forward's end alone, the target left the backward to
-evict for that: on the 1.28 B model, 484 MB in every step's backward, all of it while
-the kept saves were read, brought back by touch at migration speed (bench/README.md,
-step 47, ``timeline_probe --unpacks``). So a forward's end opens a window that closes at
-the backward's first read of a save that left (from then on the kept saves are gone and
-the prefetch works within the room), or at the backward's end (``queue_callback``, the
-first read of the backward asks for it), or at the next forward's start if no backward
-came. While it is open each read of a kept save of at least MIN_BYTES reads the room
-under the budget; when it closes the target learns from the least room seen and the
-evictions since the forward's start (``Offloader._learn``), and the buffers the next
-forward will take are made from then on. Measured (step 47): the backward's evictions
-484 MB -> 0-15 MB a step and the backward 0.29-0.31 -> 0.25-0.26 s, but the target
-settled 1.32 GB higher (the prefetch holds the kept phase's room near the margin), the
-forward took longer by as much, and the step stayed 0.595-0.602 s.
+parameters. Learning from the forward's end alone, the target left the backward to evict
+for that: on the 1.28 B model, 484 MB in every step's backward, all of it while the kept
+saves were read, brought back by touch at migration speed (bench/README.md, step 47,
+``timeline_probe --unpacks``). So a forward's end opens a window that closes at the
+backward's first read of a save that left (from then on the kept saves are gone and the
+prefetch works within the room), or at the backward's end (``queue_callback``, the first
+read of the backward asks for it), or at the next forward's start if no backward came (a
+forward called on the window's graph, a loss module on the model's output, joins it
+instead: Note [A chain of forwards before one backward], _um_plan.py). While it is open
+each read of a kept save of at least MIN_BYTES reads the room under the budget; when it
+closes the target learns from the least room seen and the evictions since the forward's
+start (``Offloader._learn``), and the buffers the next forward will take are made from
+then on. Measured (step 47): the backward's evictions 484 MB -> 0-15 MB a step and the
+backward 0.29-0.31 -> 0.25-0.26 s, but the target settled 1.32 GB higher (the prefetch
+holds the kept phase's room near the margin), the forward took longer by as much, and
+the step stayed 0.595-0.602 s.
 
 While the window is open, reads of kept saves bring nothing back. A save brought back
 then takes room the kept saves' peak does not have to spare, so the forward must offload
@@ -185,9 +187,13 @@ class _Forward:
         evicted: int,
         sizer: Callable[[int], int] | None = None,
         owner: plan.OffloadTarget | None = None,
+        chained: bool = False,
     ) -> None:
         self.plan = plan.ForwardPlan(target, sizer)
         self.owner = owner  # the outermost module's target (None: the offloader's latest)
+        # called on autograd history while a window was open: Note [A chain of forwards
+        # before one backward] (_um_plan.py)
+        self.chained = chained
         self.queue = queue
         self.params = params
         self.device = device
@@ -198,21 +204,39 @@ class _Forward:
         self.saves: list[tuple[int, bool]] = []  # candidates in order: (bytes, left)
 
 
+class _Part:
+    """A forward's share of a window: what its target learns from, and the saves the next
+    forward like it will make (Note [Host buffers made ahead])."""
+
+    def __init__(self, fwd: _Forward, target: plan.OffloadTarget) -> None:
+        self.learn = plan.ChainPart(target, fwd.plan.seen, fwd.plan.first, fwd.plan.target)
+        self.offloaded = fwd.plan.offloaded
+        self.saves = fwd.saves
+
+
 class _Window:
     """The time a forward's kept saves live on the device, from the forward's end to the
-    backward's first read of a save that left (or its end): Note [The kept saves' window]."""
+    backward's first read of a save that left (or its end): Note [The kept saves' window].
+    The forwards of a chain share one (Note [A chain of forwards before one backward],
+    _um_plan.py): one part each, in the order they ran."""
 
-    def __init__(self, fwd: _Forward, room: int) -> None:
+    def __init__(self, fwd: _Forward, room: int, target: plan.OffloadTarget) -> None:
         self.device = fwd.device
         self.evicted = fwd.evicted  # the engine's evicted bytes at the forward's start
         self.room = room  # the least free room seen in the window so far
-        self.seen = fwd.plan.seen
-        self.offloaded = fwd.plan.offloaded
-        self.first = fwd.plan.first  # Note [A target for each size of forward] (_um_plan.py)
-        self.planned = fwd.plan.target  # the target the forward ran with
-        self.owner = fwd.owner
-        self.saves = fwd.saves
+        self.parts = [_Part(fwd, target)]
         self.callback = False  # the backward's end will close it
+
+    def join(self, fwd: _Forward, room: int, target: plan.OffloadTarget) -> None:
+        """``fwd``, chained to this window's forwards, ended with ``room`` free."""
+        self.room = min(self.room, room)
+        self.parts.append(_Part(fwd, target))
+
+
+def _has_history(args: object) -> bool:
+    """Whether a positional argument is a tensor made by autograd-recorded operations."""
+    items = args if isinstance(args, (tuple, list)) else (args,)
+    return any(isinstance(a, torch.Tensor) and a.grad_fn is not None for a in items)
 
 
 Counters = Callable[[int], "tuple[int, int]"]  # device -> (evicted bytes so far, free room)
@@ -289,7 +313,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
 
     # ---- module hooks: the outermost forward (plan.OutermostForward's enter, exit) ---
 
-    def _begin(self, module: torch.nn.Module) -> _Forward | None:
+    def _begin(self, module: torch.nn.Module, args: object = ()) -> _Forward | None:
         if not torch.is_grad_enabled() or torch.cuda.is_current_stream_capturing():
             return None
         graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
@@ -312,11 +336,16 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         device = next((t.device.index for t in own if t.is_cuda), None)
         if device is None:
             device = torch.cuda.current_device()
-        self._learn(self._window)  # a forward whose backward never came, or not yet
+        # A forward on the open window's graph joins its chain; any other closes it: a
+        # forward whose backward never came, or has not come yet.
+        chained = self._window is not None and _has_history(args)
+        if not chained:
+            self._learn(self._window)
         self._join_warming()  # its buffers are in the host allocator's cache after this
         with self._lock:
             queue = plan.PrefetchQueue(self.max_lookahead, self.lookahead)
-            self._latest = weakref.ref(queue)
+            if not chained:  # a chain's saves that left are mostly its first forward's
+                self._latest = weakref.ref(queue)
             # Page-locked buffers are host RAM the kernel cannot reclaim: a forward
             # that would need more of it than host_headroom leaves offloads less (the
             # host allocator keeps the last forward's buffers, and those made ahead for
@@ -336,7 +365,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             return self._sized(owner.for_forward(first), host_cap, count=True)
 
         evicted = self._counters(device)[0]
-        return _Forward(target, queue, params, device, evicted, sizer, owner)
+        return _Forward(target, queue, params, device, evicted, sizer, owner, chained)
 
     def _sized(self, target: int, host_cap: int, count: bool = False) -> int:
         """``target`` within the page-locked memory a forward may take (the lock is held)."""
@@ -357,9 +386,15 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             self.stats["offloaded_bytes"] += fwd.plan.offloaded
             self.offloaded_last = max(self.offloaded_last, fwd.plan.offloaded)
             self.stats["kept_bytes"] += fwd.plan.seen - fwd.plan.offloaded
-        self._learn(self._window)  # an earlier forward's, whose backward has not come
+        target = fwd.owner or self.target
         with self._lock:
-            self._window = _Window(fwd, room)
+            window = self._window if fwd.chained else None
+            if window is not None:
+                window.join(fwd, room, target)
+        if window is None:
+            self._learn(self._window)  # an earlier forward's, whose backward has not come
+            with self._lock:
+                self._window = _Window(fwd, room, target)
 
     # ---- the kept saves' window (Note [The kept saves' window]) ------------------------
 
@@ -386,9 +421,10 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         return True
 
     def _learn(self, window: _Window | None) -> None:
-        """Close ``window`` if it is still open: the target learns from the evictions up
-        to now and the least room seen in it, and the buffers the next forward will take
-        beyond this one's start being made (Note [Host buffers made ahead])."""
+        """Close ``window`` if it is still open: its forwards' targets learn from the
+        evictions up to now and the least room seen in it (plan.learn_chain), and the
+        buffers the next forward will take beyond this one's start being made (Note [Host
+        buffers made ahead])."""
         if window is None:
             return
         evicted = self._counters(window.device)[0]
@@ -396,17 +432,16 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             if self._window is not window:
                 return  # closed already
             self._window = None
-            owner = window.owner or self.target
-            owner.update(
-                evicted - window.evicted, window.room, window.seen, window.first, window.planned
-            )
+            plan.learn_chain([p.learn for p in window.parts], evicted - window.evicted, window.room)
             # Only a target past what left this time can want new buffers: the host's
             # room is read (the engine reads /proc) in that case alone.
-            warm = (
-                plan.buffers_to_warm(window.saves, owner.bytes, self._host_room())
-                if owner.bytes > window.offloaded
-                else []
-            )
+            warm: list[int] = []
+            host: int | None = None
+            for part in window.parts:
+                target = part.learn.target.bytes
+                if target > part.offloaded:
+                    host = self._host_room() if host is None else host
+                    warm += plan.buffers_to_warm(part.saves, target, host - sum(warm))
         if warm:
             self._start_warming(warm)
 

@@ -467,7 +467,7 @@ class Streamer(plan.OutermostForward):  # type: ignore[misc]  # of _Pass
         """The largest ring (Note [Ring size])."""
         return min(self.max_lookahead, max(MIN_LOOKAHEAD, self.budget // 8))
 
-    def _begin(self, root: torch.nn.Module) -> _Pass | None:
+    def _begin(self, root: torch.nn.Module, args: object = ()) -> _Pass | None:
         if (
             torch.is_grad_enabled()
             or torch.cuda.is_current_stream_capturing()
