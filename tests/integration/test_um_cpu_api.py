@@ -980,6 +980,13 @@ for step in range(3):
         off._learn(off._window)
     record["targets"] = [off._target_of(model).bytes, off._target_of(criterion).bytes]
     out["steps"].append(record)
+# what counts as history: a tensor made by recorded operations, at any depth of the
+# positional arguments' containers
+out["history"] = [
+    P._has_history(args)
+    for args in ((ids,), (logits,), ((ids, [logits]),), ({"x": ids, "y": {"z": logits}},),
+                 (torch.ones(2, requires_grad=True),), ())
+]
 # a forward with no history ends the chain of the step before (its backward never came)
 left = off._window
 forward(model, (ids,), [4 * MiB] * 4)
@@ -994,7 +1001,8 @@ def test_a_loss_module_joins_the_models_window(um: tuple[UmPath, Path]) -> None:
     target learns the kept phase's 6 MiB of evictions and the loss module's stays 0. With
     the window closed at the loss module's start (checked by reverting), the model's
     target learnt from the forward's end alone (0: 10 MiB free) and the loss module's
-    took its 1 MiB save. A forward on a fresh batch ends the chain."""
+    took its 1 MiB save. A forward on a fresh batch ends the chain; history is found in
+    nested containers, not in a leaf tensor."""
     _, venv = um
     got = probe(venv, CHAIN_PROBE)
     if not got["has_top"]:
@@ -1003,6 +1011,8 @@ def test_a_loss_module_joins_the_models_window(um: tuple[UmPath, Path]) -> None:
     assert [s["joined"] for s in got["steps"]] == [True] * 3
     assert [s["targets"] for s in got["steps"]] == [[6 * MiB, 0]] * 3
     assert got["closed_by_a_batch"] is True
+    # the batch, the model's output, the output in nested containers, a leaf, nothing
+    assert got["history"] == [False, True, True, True, False, False]
 
 
 TRIM_PROBE = r"""

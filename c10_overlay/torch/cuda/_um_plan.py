@@ -166,7 +166,11 @@ def learn_chain(parts: list[ChainPart], evicted: int, room: int) -> None:
     order they ran, as a forward's target is over its saves (the first saves leave first:
     the backward reads them last). A module met more than once in the chain (a cell
     unrolled by the program) gets the mean of its parts' shares, its one target serving
-    each of its forwards. A forward with no history (the next batch) ends the chain."""
+    each of its forwards. A forward with no history (the next batch) ends the chain.
+    History is looked for in the positional arguments (``_um_predict._has_history``): the
+    global forward pre-hook is given no keyword arguments, so a loss module called
+    with its input by keyword closes the window as a new batch would (slower, as
+    before this chain, never wrong)."""
     if not parts:
         return
     total = parts[0].target.proposal(evicted, room, sum(p.planned for p in parts))

@@ -134,6 +134,7 @@ from typing import Any
 import torch
 from torch.cuda import _um_plan as plan
 from torch.cuda._um_streams import side_stream, wait_stream
+from torch.utils import _pytree as pytree
 
 MIN_BYTES = 1 << 20  # smaller saves are not worth a copy each way
 COPY_WINDOW = 512 << 20  # bytes of copies to the host in flight (Offloader._throttle)
@@ -234,9 +235,15 @@ class _Window:
 
 
 def _has_history(args: object) -> bool:
-    """Whether a positional argument is a tensor made by autograd-recorded operations."""
-    items = args if isinstance(args, (tuple, list)) else (args,)
-    return any(isinstance(a, torch.Tensor) and a.grad_fn is not None for a in items)
+    """Whether a tensor among a forward's positional arguments (in tuples, lists, dicts
+    and the containers torch's pytree knows, transformers' outputs among them) was made
+    by operations autograd recorded. The global forward pre-hook sees no keyword
+    arguments: a forward given its history by keyword does not join a chain."""
+    try:
+        leaves = pytree.tree_leaves(args)
+    except Exception:  # a container pytree cannot flatten: the top level alone
+        leaves = list(args) if isinstance(args, (tuple, list)) else [args]
+    return any(isinstance(a, torch.Tensor) and a.grad_fn is not None for a in leaves)
 
 
 Counters = Callable[[int], "tuple[int, int]"]  # device -> (evicted bytes so far, free room)
