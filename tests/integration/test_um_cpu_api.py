@@ -1015,6 +1015,59 @@ def test_a_loss_module_joins_the_models_window(um: tuple[UmPath, Path]) -> None:
     assert got["history"] == [False, True, True, True, False, False]
 
 
+CHAIN_CALLS_PROBE = r"""
+import json, torch
+from torch.cuda import _um_plan
+from torch.cuda import _um_predict as P
+from torch.nn.modules import module as nn_module
+
+# no GPU here: the modules' parameters are on the CPU, and nothing is being captured
+torch.cuda.current_device = lambda: 0
+torch.cuda.is_current_stream_capturing = lambda: False
+model, criterion = torch.nn.Linear(4, 4), torch.nn.MSELoss()
+x, y = torch.randn(2, 4), torch.randn(2, 4)
+out = {"has_top": hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks")}
+
+def parts(code, call):
+    # real module calls through the global hooks, as um.py installs them
+    _um_plan.OutermostForward.call_code = code
+    off = P.Offloader(lambda device: (0, 0), lambda: 0, 1 << 30, 100)
+    handles = [
+        nn_module.register_module_forward_pre_hook(off.enter),
+        nn_module.register_module_forward_hook(off.exit, always_call=True),
+    ]
+    try:
+        logits = model(x)
+        call(logits)
+        return len(off._window.parts) if off._window is not None else 0
+    finally:
+        for h in handles:
+            h.remove()
+
+code = nn_module.Module._call_impl.__code__
+out["positional"] = parts(code, lambda logits: criterion(logits, y))
+out["keyword"] = parts(code, lambda logits: criterion(input=logits, target=y))
+out["no_history"] = parts(code, lambda logits: criterion(input=logits.detach(), target=y))
+out["keyword_unknown_frame"] = parts(None, lambda logits: criterion(input=logits, target=y))
+print(json.dumps(out))
+"""
+
+
+def test_a_loss_module_called_by_keyword_joins_the_chain_too(um: tuple[UmPath, Path]) -> None:
+    """Through the real global hooks: a loss module given the model's output by position
+    or by keyword (read from the module call's frame, ``call_kwargs``) joins the model's
+    window (two parts); given a detached output, or by keyword where the call's frame is
+    not known, it opens a window of its own (one part)."""
+    _, venv = um
+    got = probe(venv, CHAIN_CALLS_PROBE)
+    calls = ("positional", "keyword", "no_history", "keyword_unknown_frame")
+    if not got["has_top"]:
+        assert [got[k] for k in calls] == [0] * 4  # torch 2.6: no offload, no window
+        return
+    assert (got["positional"], got["keyword"]) == (2, 2)
+    assert (got["no_history"], got["keyword_unknown_frame"]) == (1, 1)
+
+
 TRIM_PROBE = r"""
 import json, torch
 from torch.cuda import _um_predict as P

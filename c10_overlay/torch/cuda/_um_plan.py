@@ -167,10 +167,11 @@ def learn_chain(parts: list[ChainPart], evicted: int, room: int) -> None:
     the backward reads them last). A module met more than once in the chain (a cell
     unrolled by the program) gets the mean of its parts' shares, its one target serving
     each of its forwards. A forward with no history (the next batch) ends the chain.
-    History is looked for in the positional arguments (``_um_predict._has_history``): the
-    global forward pre-hook is given no keyword arguments, so a loss module called
-    with its input by keyword closes the window as a new batch would (slower, as
-    before this chain, never wrong)."""
+    History is looked for in the call's arguments (``_um_predict._has_history``), the
+    keyword ones read from the module call's frame (``OutermostForward.call_kwargs``:
+    the global forward pre-hook is given the positional ones alone); where that frame
+    is not known, a module given its input by keyword closes the window as a new batch
+    would (slower, never wrong)."""
     if not parts:
         return
     total = parts[0].target.proposal(evicted, room, sum(p.planned for p in parts))
@@ -710,6 +711,20 @@ class OutermostForward(Generic[Run]):
                     return True
             frame = frame.f_back
         return False
+
+    def call_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the module call whose hooks run now: the global
+        forward pre-hook is given the positional ones alone, and the call's frame
+        (``call_code``, the nearest up the stack) holds the rest in its ``kwargs``. Empty
+        where no such frame is found."""
+        code = self.call_code
+        frame: Any = sys._getframe(1) if code is not None else None
+        while frame is not None:
+            if frame.f_code is code:
+                kwargs = frame.f_locals.get("kwargs")
+                return kwargs if isinstance(kwargs, dict) else {}
+            frame = frame.f_back
+        return {}
 
     def exit(self, module: Any, args: object, output: object) -> None:
         st = self._state()

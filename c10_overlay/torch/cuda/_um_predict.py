@@ -235,10 +235,9 @@ class _Window:
 
 
 def _has_history(args: object) -> bool:
-    """Whether a tensor among a forward's positional arguments (in tuples, lists, dicts
-    and the containers torch's pytree knows, transformers' outputs among them) was made
-    by operations autograd recorded. The global forward pre-hook sees no keyword
-    arguments: a forward given its history by keyword does not join a chain."""
+    """Whether a tensor among a forward's arguments (in tuples, lists, dicts and the
+    containers torch's pytree knows, transformers' outputs among them) was made by
+    operations autograd recorded."""
     try:
         leaves = pytree.tree_leaves(args)
     except Exception:  # a container pytree cannot flatten: the top level alone
@@ -345,7 +344,9 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             device = torch.cuda.current_device()
         # A forward on the open window's graph joins its chain; any other closes it: a
         # forward whose backward never came, or has not come yet.
-        chained = self._window is not None and _has_history(args)
+        chained = self._window is not None and (
+            _has_history(args) or _has_history(self.call_kwargs())
+        )
         if not chained:
             self._learn(self._window)
         self._join_warming()  # its buffers are in the host allocator's cache after this
