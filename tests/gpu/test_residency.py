@@ -372,7 +372,8 @@ def _loop(kind: str) -> tuple[list[float], list[float]]:
       in-place ReLUs on saved outputs), SGD with momentum, channels-last.
     - ``criterion-module``: the decoder's logits into an ``nn.CrossEntropyLoss`` module, so
       two outermost modules run forwards each step, the second between the first's forward
-      and its backward (each learns its own offload target).
+      and its backward (Note [A chain of forwards before one backward]);
+      ``criterion-keyword``: the same, the logits given by keyword.
     """
     torch.manual_seed(5)
     gen = torch.Generator("cuda").manual_seed(6)
@@ -406,12 +407,16 @@ def _loop(kind: str) -> tuple[list[float], list[float]]:
             opt.step()
             losses.append(float(loss))
         return losses, extra
-    if kind == "criterion-module":
+    if kind in ("criterion-module", "criterion-keyword"):
         criterion = torch.nn.CrossEntropyLoss()
         for _ in range(6):
             opt.zero_grad(set_to_none=True)
             logits = model(ids).logits[:, :-1]
-            loss = criterion(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            flat, labels = logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+            if kind == "criterion-module":
+                loss = criterion(flat, labels)
+            else:  # the chain found through the call's keyword arguments
+                loss = criterion(input=flat, target=labels)
             loss.backward()
             opt.step()
             losses.append(float(loss))
@@ -434,7 +439,8 @@ def _loop(kind: str) -> tuple[list[float], list[float]]:
 
 
 @pytest.mark.parametrize(
-    "kind", ["accum-amp-clip", "checkpointing", "resnet-bn", "criterion-module"]
+    "kind",
+    ["accum-amp-clip", "checkpointing", "resnet-bn", "criterion-module", "criterion-keyword"],
 )
 def test_training_loops_as_written_match_in_memory_with_predict(
     torch_mod: Any, um: Any, limits: Limits, kind: str
