@@ -24,19 +24,29 @@ MiB = 1 << 20
 plan = load_overlay_module("torch/cuda/_um_plan.py", "um_plan_under_test")
 
 
+def learn(
+    t: Any, evicted: int, room: int, saved: int, first: int = 0, target: int | None = None
+) -> int:
+    """One forward's window, as the offloader closes it: a chain of one part, the forward
+    having run with ``target`` (default the target's bytes); the target after it."""
+    was = t.bytes if target is None else target
+    plan.learn_chain([plan.ChainPart(t, saved, first, was)], evicted, room)
+    return int(t.bytes)
+
+
 def test_target_starts_at_zero_and_moves_by_the_evictions_net_of_the_spare_room() -> None:
     t = plan.OffloadTarget(margin=100)
     assert t.bytes == 0  # the first forward is the plain policy
-    assert t.update(evicted=700, room=0, saved=1000) == 700
-    assert t.update(evicted=500, room=0, saved=1000) == 1000  # never past what was saved
-    assert t.update(evicted=0, room=500, saved=1000) == 700  # 3/4 of (500 - 100) less
-    assert t.update(evicted=300, room=300, saved=1000) == 800  # 300 evicted, 200 spare
-    assert t.update(evicted=100, room=400, saved=1000) == 650  # 300 spare, 100 evicted
-    assert t.update(evicted=0, room=80, saved=1000) == 650  # within the margin: kept
-    assert t.update(evicted=0, room=0, saved=300) == 300  # a smaller pattern caps it
+    assert learn(t, evicted=700, room=0, saved=1000) == 700
+    assert learn(t, evicted=500, room=0, saved=1000) == 1000  # never past what was saved
+    assert learn(t, evicted=0, room=500, saved=1000) == 700  # 3/4 of (500 - 100) less
+    assert learn(t, evicted=300, room=300, saved=1000) == 800  # 300 evicted, 200 spare
+    assert learn(t, evicted=100, room=400, saved=1000) == 650  # 300 spare, 100 evicted
+    assert learn(t, evicted=0, room=80, saved=1000) == 650  # within the margin: kept
+    assert learn(t, evicted=0, room=0, saved=300) == 300  # a smaller pattern caps it
     # A least room read a little past the margin does not hide hundreds evicted (step 49)
     t = plan.OffloadTarget(margin=16)
-    assert t.update(evicted=800, room=20, saved=723) == 723
+    assert learn(t, evicted=800, room=20, saved=723) == 723
 
 
 def test_a_chain_learns_as_one_forward_and_lays_its_target_over_the_parts_in_order() -> None:
@@ -55,12 +65,13 @@ def test_a_chain_learns_as_one_forward_and_lays_its_target_over_the_parts_in_ord
     assert chain(evicted=1100, room=0) == (1600, 100)  # past the model's saves: the rest
     assert chain(evicted=0, room=500) == (1400, 0)  # shrinks by 3/4 of 400 from the end
     assert (model.sizes, loss.sizes, model.last, loss.last) == ({400: 1600}, {100: 100}, 400, 100)
-    # One part alone is update's rule, and its per-size table
-    one, alone = plan.OffloadTarget(margin=16), plan.OffloadTarget(margin=16)
-    for evicted, room in ((800, 20), (0, 500), (300, 30)):
+    # One part alone is the one-forward rule, with its per-size table: 800 evicted less
+    # 4 spare grows to the saves; 484 spare shrinks by 363; 300 evicted less 14 spare
+    one = plan.OffloadTarget(margin=16)
+    for evicted, room, want in ((800, 20, 723), (0, 500, 360), (300, 30, 646)):
         plan.learn_chain([plan.ChainPart(one, 723, 8, one.bytes)], evicted, room)
-        assert one.bytes == alone.update(evicted, room, 723, 8)
-        assert (one.sizes, one.forwards) == (alone.sizes, alone.forwards)
+        assert one.bytes == want
+    assert (one.sizes, one.last, one.forwards) == ({8: 723}, 8, 3)
     # A module met three times (a cell unrolled by the program): the mean of its shares
     cell = plan.OffloadTarget(margin=0)
     plan.learn_chain([plan.ChainPart(cell, 800, 800, 0)] * 3, evicted=1200, room=0)
@@ -145,7 +156,7 @@ class Device:
                     evicted += resident - self.budget
                     resident = self.budget
         room_end = max(0, self.budget - resident)
-        self.target.update(evicted, room_end, fwd.seen, fwd.first, fwd.target)
+        learn(self.target, evicted, room_end, fwd.seen, fwd.first, fwd.target)
         s = Step(evicted=evicted, room_end=room_end, offloaded=fwd.offloaded)
         # Backward: saves read in reverse order (with some local reordering), each freed
         # after its use; saves that left come back through the queue.
@@ -835,14 +846,14 @@ def test_a_target_for_each_size_of_forward() -> None:
 def test_a_target_scales_to_a_size_not_seen_yet() -> None:
     t = plan.OffloadTarget(margin=0)
     assert t.for_forward(100) == 0  # nothing learnt: the first forward offloads nothing
-    t.update(evicted=700, room=0, saved=1000, first=100, target=0)  # kept 300 of 1000
+    learn(t, evicted=700, room=0, saved=1000, first=100, target=0)  # kept 300 of 1000
     assert (t.bytes, t.for_forward(100)) == (700, 700)
     assert t.for_forward(50) == 200  # half the saves, the same 300 kept
     assert t.for_forward(20) == 0  # fits
-    t.update(evicted=0, room=0, saved=480, first=50, target=200)  # 480 saved, not 500
+    learn(t, evicted=0, room=0, saved=480, first=50, target=200)  # 480 saved, not 500
     assert t.for_forward(50) == 200 and t.for_forward(100) == 720  # kept 280 now
     for k in range(1, plan.OffloadTarget.MAX_SIZES + 5):
-        t.update(evicted=0, room=0, saved=1000 + k, first=1000 + k)
+        learn(t, evicted=0, room=0, saved=1000 + k, first=1000 + k)
     assert len(t.sizes) == plan.OffloadTarget.MAX_SIZES and 100 not in t.sizes
 
 

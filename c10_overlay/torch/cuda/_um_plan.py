@@ -113,17 +113,10 @@ class OffloadTarget:
         kept = max(0, ref - self.bytes)  # what the last forward kept on the device
         return max(0, saved - kept)
 
-    def update(
-        self, evicted: int, room: int, saved: int, first: int = 0, target: int | None = None
-    ) -> int:
-        """Learn from a forward that saved ``saved`` candidate bytes, the first ``first``,
-        under ``target`` (default ``bytes``); returns the target for its like."""
-        was = self.bytes if target is None else target
-        return self.record(saved, first, self.proposal(evicted, room, was))
-
     def proposal(self, evicted: int, room: int, was: int) -> int:
         """The bytes a forward that ran with target ``was`` should have offloaded, by the
-        evictions and the least room read (see above); not yet bounded by its saves."""
+        evictions and the least room read (see above); not yet bounded by its saves. A
+        window's forwards learn through ``learn_chain``, one forward as a chain of one."""
         short = max(0, evicted) - max(0, room - self.margin)
         return was + short if short > 0 else was + short * 3 // 4
 
