@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -692,32 +692,27 @@ class OutermostForward(Generic[Run]):
         and one further up) is inside a forward begun before the hooks: it begins no
         run, and its inner calls and its exit pass as those of a run that does nothing.
         One walk up the stack per outermost forward, a few microseconds."""
-        code = self.call_code
-        if code is None:
-            return False
-        calls = 0
-        frame: Any = sys._getframe(1)
-        while frame is not None:
-            if frame.f_code is code:
-                calls += 1
-                if calls > 1:
-                    return True
-            frame = frame.f_back
-        return False
+        calls = self._module_calls()
+        return next(calls, None) is not None and next(calls, None) is not None
 
     def call_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of the module call whose hooks run now: the global
-        forward pre-hook is given the positional ones alone, and the call's frame
-        (``call_code``, the nearest up the stack) holds the rest in its ``kwargs``. Empty
-        where no such frame is found."""
+        forward pre-hook is given the positional ones alone, and the call's frame (the
+        nearest ``call_code`` frame) holds the rest in its ``kwargs``. Empty where no
+        such frame is found."""
+        frame = next(self._module_calls(), None)
+        kwargs = frame.f_locals.get("kwargs") if frame is not None else None
+        return kwargs if isinstance(kwargs, dict) else {}
+
+    def _module_calls(self) -> Iterator[Any]:
+        """The frames of the module calls (``call_code``) on this thread's stack,
+        innermost first; none while ``call_code`` is unset."""
         code = self.call_code
         frame: Any = sys._getframe(1) if code is not None else None
         while frame is not None:
             if frame.f_code is code:
-                kwargs = frame.f_locals.get("kwargs")
-                return kwargs if isinstance(kwargs, dict) else {}
+                yield frame
             frame = frame.f_back
-        return {}
 
     def exit(self, module: Any, args: object, output: object) -> None:
         st = self._state()
