@@ -769,6 +769,18 @@ class _StepClock:
         self.cpu["process_cpu_s"].append(time.process_time() - self._p0)
 
 
+def train_loss(model: Any, x: Any, criterion: Any) -> tuple[Any, Any]:
+    """A training step's loss and the float logits the program holds (None with the loss
+    inside the model). ``criterion`` None: the model's own loss (``labels=x``); a loss
+    module: the shift and the float upcast the model's own loss makes, done outside it, and
+    the logits returned so that the caller keeps them alive through the backward and into
+    the next step's forward, as a loop that names them does (``--loss module``)."""
+    if criterion is None:
+        return model(x, labels=x).loss, None
+    logits = model(x).logits[:, :-1].float()
+    return criterion(logits.flatten(0, 1), x[:, 1:].flatten()), logits
+
+
 class _PhaseClock:
     """Seconds and engine-counter differences per phase of a training step (--phases)."""
 
@@ -918,11 +930,9 @@ def _run(
             if mark:
                 mark.start()
             opt.zero_grad(set_to_none=True)
-            if criterion is None:
-                loss = model(x, labels=x).loss
-            else:  # the shift and the float upcast the model's own loss makes, outside it
-                logits = model(x).logits[:, :-1].float()
-                loss = criterion(logits.flatten(0, 1), x[:, 1:].flatten())
+            # the loop's float logits (--loss module) live on into the next step, as a
+            # named local's do
+            loss, _logits = train_loss(model, x, criterion)
             if mark:
                 mark("forward")
             loss.backward()

@@ -20,8 +20,10 @@ and busy seconds, with the seconds in which the three busiest streams ran kernel
 a time (did the staging's copy in and copy out overlap?).
 With ``--phases`` each step is split at synchronisations into forward, backward and
 optimizer, one line each, with the step's change in the engine's and the predictor's
-counters. With ``--unpacks`` (``predict:True`` in ``--conf``) each step's backward also gets
-one line on the saves autograd read back: how many stayed on the device and how many had
+counters. ``--loss module`` takes the loss by an ``nn.CrossEntropyLoss`` module on the
+float logits the loop holds into the next step (``bench.residency train --loss module``).
+With ``--unpacks`` (``predict:True`` in ``--conf``) each step's backward also gets one line
+on the saves autograd read back: how many stayed on the device and how many had
 left by copy, the bytes the engine evicted before the first read, while the backward read
 saves that stayed, and while it read those that left, the least free room under the
 budget in each part, and the parameters' and gradients' bytes in host RAM at the
@@ -49,7 +51,14 @@ from typing import Any
 
 from bench import models
 from bench.common import BenchError, counter_change, run_main, safe_cap, um_module
-from bench.residency import DEFAULT_BUDGET, UM_CONF, _build_model, _tokens, parse_size
+from bench.residency import (
+    DEFAULT_BUDGET,
+    UM_CONF,
+    _build_model,
+    _tokens,
+    parse_size,
+    train_loss,
+)
 
 FAMILIES = (
     ("gemm", re.compile(r"gemm|cutlass|sm90|nvjet|cublas", re.I)),
@@ -365,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conf", default=UM_CONF["um"], help="engine settings (um)")
     ap.add_argument("--phases", action="store_true", help="split train steps into phases")
     ap.add_argument("--model", choices=tuple(models.MODELS), default=models.DEFAULT)
+    ap.add_argument(
+        "--loss",
+        choices=("model", "module"),
+        default="model",
+        help="train: the model's own loss, or an nn.CrossEntropyLoss module on its float "
+        "logits, held by the loop into the next step (bench.residency's --loss)",
+    )
     ap.add_argument("--trace", default=None, help="also keep the profiler's trace (.json.gz)")
     ap.add_argument(
         "--stack",
@@ -398,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.mode is None:
         raise BenchError("give --mode stock or --mode um (or --from-trace FILE)")
+    if a.loss != "model" and a.workload != "train":
+        raise BenchError("--loss chooses how the train workload computes its loss")
     if a.bins and not a.phases:
         raise BenchError("--bins splits the phases: add --phases")
     if a.unpacks and (a.mode != "um" or not a.phases or "predict:True" not in a.conf):
@@ -413,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = _tokens(torch, a.workload).to("cuda")
     if a.workload == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        criterion = torch.nn.CrossEntropyLoss() if a.loss == "module" else None
+        held: list[Any] = [None]  # the loop's logits, alive into the next step's forward
 
         @contextlib.contextmanager
         def phase(name: str) -> Iterator[None]:
@@ -428,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         def step() -> None:
             opt.zero_grad(set_to_none=True)
             with phase("forward"):
-                loss = model(ids, labels=ids).loss
+                loss, held[0] = train_loss(model, ids, criterion)
             with phase("backward"):
                 if reads is not None:
                     reads.append({"start": um._engine_counters(torch.cuda.current_device())[0]})

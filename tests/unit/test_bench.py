@@ -1322,6 +1322,42 @@ def test_residency_loss_module_is_for_training_only() -> None:
         residency.main(["train", "--loss", "mse"])
 
 
+def test_timeline_probe_loss_module_is_for_training_only() -> None:
+    from bench import timeline_probe
+
+    with pytest.raises(common.BenchError, match="--loss chooses how the train workload"):
+        timeline_probe.main(["--mode", "um", "--workload", "infer", "--loss", "module"])
+
+
+class _Op(str):
+    """A stand-in tensor that spells the operations made on it (no torch on CI's CPU)."""
+
+    def __getitem__(self, key: Any) -> _Op:
+        return _Op(f"{self}[{key!r}]")
+
+    def float(self) -> _Op:
+        return _Op(f"{self}.float()")
+
+    def flatten(self, *dims: int) -> _Op:
+        return _Op(f"{self}.flatten{dims}")
+
+
+def test_train_loss_by_module_shifts_upcasts_and_hands_back_the_logits() -> None:
+    class Out:
+        def __init__(self, x: _Op, labels: _Op | None = None) -> None:
+            self.logits = _Op(f"logits({x})")
+            self.loss = None if labels is None else _Op(f"loss({x}, {labels})")
+
+    x = _Op("x")
+    loss, logits = residency.train_loss(Out, x, None)
+    assert (loss, logits) == ("loss(x, x)", None)
+    loss, logits = residency.train_loss(Out, x, lambda a, b: _Op(f"ce({a}, {b})"))
+    shifted = "logits(x)[(slice(None, None, None), slice(None, -1, None))].float()"
+    assert logits == shifted  # the float logits the loop holds
+    labels = "x[(slice(None, None, None), slice(1, None, None))].flatten()"
+    assert loss == f"ce({shifted}.flatten(0, 1), {labels})"
+
+
 def test_residency_floor_of_a_cycle_of_lengths_is_the_mean_steps() -> None:
     """--lengths: each step's overflow is its own peak's; the floor is the mean timed
     step's (the warm-up left out), not the longest's."""
