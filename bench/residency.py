@@ -976,6 +976,9 @@ def _run(
         median_s=statistics.median(times[warmup:] or times),
         max_allocated_bytes=int(torch.cuda.max_memory_allocated()),
         max_reserved_bytes=int(torch.cuda.max_memory_reserved()),
+        # the caching allocator's segments after the last step: the cache the steps keep
+        # (past the budget, what it holds beyond the live data is discarded and placed again)
+        end_reserved_bytes=int(torch.cuda.memory_reserved()),
     )
     if lengths:  # peaks reset each step; a step's seconds are its cycle's mean
         info["max_allocated_bytes"] = max(info["step_peak_allocated_bytes"])
