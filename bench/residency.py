@@ -782,23 +782,45 @@ def train_loss(model: Any, x: Any, criterion: Any) -> tuple[Any, Any]:
 
 
 class _PhaseClock:
-    """Seconds and engine-counter differences per phase of a training step (--phases)."""
+    """Seconds and engine-counter differences per phase of a training step (--phases),
+    and the caching allocator's bytes: reserved and allocated at the phase's end, and the
+    most reserved in it (where the cache grows). It resets torch's peaks at each phase and
+    keeps the run's own (``peaks``: most allocated, most reserved) for the record."""
 
     def __init__(self, torch: Any, um: Any) -> None:
         self.torch, self.um = torch, um
         self.steps: list[dict[str, Any]] = []
+        self.peaks = (0, 0)
+
+    def _peaks(self) -> None:
+        cuda = self.torch.cuda
+        self.peaks = (
+            max(self.peaks[0], int(cuda.max_memory_allocated())),
+            max(self.peaks[1], int(cuda.max_memory_reserved())),
+        )
 
     def _counters(self) -> dict[str, int]:
         return engine_counters(self.um)
 
     def start(self) -> None:
         self.t, self.c = time.perf_counter(), self._counters()
+        self._peaks()
+        self.torch.cuda.reset_peak_memory_stats()
         self.steps.append({})
 
     def __call__(self, phase: str) -> None:
-        self.torch.cuda.synchronize()
+        cuda = self.torch.cuda
+        cuda.synchronize()
         t, c = time.perf_counter(), self._counters()
-        self.steps[-1][phase] = {"s": t - self.t, **counter_change(self.c, c)}
+        self.steps[-1][phase] = {
+            "s": t - self.t,
+            **counter_change(self.c, c),
+            "reserved_bytes": int(cuda.memory_reserved()),
+            "allocated_bytes": int(cuda.memory_allocated()),
+            "max_reserved_bytes": int(cuda.max_memory_reserved()),
+        }
+        self._peaks()
+        cuda.reset_peak_memory_stats()
         self.t, self.c = t, c
 
 
@@ -980,6 +1002,9 @@ def _run(
         # (past the budget, what it holds beyond the live data is discarded and placed again)
         end_reserved_bytes=int(torch.cuda.memory_reserved()),
     )
+    if workload in TRAINING and mark:  # the phases reset torch's peaks: the run's own
+        mark._peaks()
+        info["max_allocated_bytes"], info["max_reserved_bytes"] = mark.peaks
     if lengths:  # peaks reset each step; a step's seconds are its cycle's mean
         info["max_allocated_bytes"] = max(info["step_peak_allocated_bytes"])
         info["max_reserved_bytes"] = reserved
@@ -1309,6 +1334,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.conf:
         worker_args += ["--conf", a.conf]
     if lengths:
+        if a.phases:
+            raise BenchError(
+                "--phases and --lengths: each resets torch's peak memory at its own marks; "
+                "run them apart"
+            )
         if a.steps % len(lengths):
             raise BenchError(
                 f"--steps {a.steps}: with --lengths, a multiple of the {len(lengths)} lengths "

@@ -1313,6 +1313,8 @@ def test_residency_lengths_are_checked_before_any_worker_runs() -> None:
     assert residency.parse_lengths(None, "train") is None
     with pytest.raises(common.BenchError, match="--steps 10: with --lengths, a multiple of the 3"):
         residency.main(["train", "--lengths", "1024,512,768"])
+    with pytest.raises(common.BenchError, match="--phases and --lengths"):
+        residency.main(["train", "--lengths", "1024,512,768", "--steps", "9", "--phases"])
 
 
 def test_residency_loss_module_is_for_training_only() -> None:
