@@ -1094,14 +1094,17 @@ out["after"], out["stats"] = len(trims), off.stats["trims"]
 
 # A loss module's target past 0 and the model's 0 (the hooks came on during the model's
 # first forward): the loss module, chained to the model's open window, does not trim (the
-# step's saves are alive); the next step's first forward, the model's, does
+# step's saves are alive), nor does the model's forward while it offloads nothing; the
+# first step whose first forward offloads does
 trims.clear()
 off = P.Offloader(lambda device: (0, 0), lambda: 1 << 40, 1 << 30, 100)
 criterion = torch.nn.MSELoss()
-off._target_of(criterion).bytes = 1000
 ids, logits = torch.zeros(2), torch.ones(2, requires_grad=True) * 2
 
-def step():
+def step(model_target):
+    off._learn(off._window)  # the window closes (its backward's end), then the targets:
+    off._target_of(module).bytes = model_target
+    off._target_of(criterion).bytes = 1000
     counts = []  # the trims made by the end of each forward
     for part, args in ((module, (ids,)), (criterion, (logits, ids))):
         fwd = off._begin(part, args)
@@ -1110,7 +1113,7 @@ def step():
         counts.append(len(trims))
     return counts
 
-out["chained"] = [step(), step()]
+out["chained"] = [step(0), step(0), step(1000), step(1000)]
 print(json.dumps(out))
 """
 
@@ -1119,18 +1122,17 @@ def test_the_first_forward_to_offload_gives_the_cache_back_once(um: tuple[UmPath
     """Note [The cache the first forward left]: the forward that starts with a target
     past 0 for the first time empties the allocator's cache, and no forward after it does;
     the first forward (target 0, the plain policy) does not; a forward chained to an open
-    window never does, and a step's first forward does once any module's target is past
-    0. Torch 2.6 offloads nothing."""
+    window never does, even with its own target past 0. Torch 2.6 offloads nothing."""
     _, venv = um
     got = probe(venv, TRIM_PROBE)
     if got["has_top"]:
         assert (got["first"], got["after"], got["stats"]) == (0, 1, 1)
-        # a model's forward, then its loss module's joining the window: the first step's
-        # model forward trims (the loss module's target is past 0), the chained one never
-        assert got["chained"] == [[1, 1], [1, 1]]
+        # a model's forward, then its loss module's joining the window: the chained one
+        # never trims, the model's once its own target is past 0
+        assert got["chained"] == [[0, 0], [0, 0], [1, 1], [1, 1]]
     else:
         assert (got["first"], got["after"], got["stats"]) == (0, 0, 0)
-        assert got["chained"] == [[0, 0], [0, 0]]
+        assert got["chained"] == [[0, 0]] * 4
 
 
 KEPT_PHASE_PROBE = r"""

@@ -82,14 +82,15 @@ other dead chunks: about 60 discard calls a backward, 40-45 ms of the driver, du
 which the autograd thread's CUDA calls wait. So the first forward to offload gives the
 cache back first (``torch.cuda.empty_cache``: free segments only, once per process,
 counter ``predict.trims``), and the cache forms again around the offloaded pattern.
-It is a step's first forward that trims, not a chained one (Note [A chain of forwards
-before one backward]): a forward that joins an open window starts with the step's saves
-alive, and they hold the cache's segments. And it trims once any module's target is past
-0, its own or not: where the hooks come on during the model's first forward (Note [Hooks
-that come on during a forward]), the loss module's forward was the first one seen, its
-target was the first past 0, and its forward in the next step trimmed with the model's
-saves alive: 21.4 GB stayed reserved for the rest of the run, 4-7 GB a backward were
-discarded and placed again, and 2.9 GB of saves a step were read before they were back
+It is a step's first forward that trims, once its own target is past 0; never a chained
+one (Note [A chain of forwards before one backward]), which starts with the step's saves
+alive. Where the hooks come on during the model's first forward (Note [Hooks that come
+on during a forward]), the loss module's forward is the first one seen and its target the
+first past 0. Trimming at its next forward freed nothing (the model's saves held the
+segments); trimming at the next step's start, with the model's own target still 0, let
+that step offload nothing and size the cache again for every save. Either way 21.5-22 GB
+stayed reserved for the run, against 13.9 GB with the loss inside the model, and each
+step discarded and placed again 6-9 GB and read 2-3 GB of saves before they were back
 (bench/README.md, step 51).
 
 Note [Host buffers made ahead]
@@ -371,11 +372,8 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             self.warmed = 0
             owner = self.target = self._target_of(module)
             target = self._sized(owner.bytes, host_cap)  # as if like its last forward
-            # A step's first forward alone (Note [The cache the first forward left]), once
-            # any of the step's forwards offloads
-            trim = not (chained or self.trimmed) and (
-                target > 0 or any(t.bytes > 0 for t in self._targets.values())
-            )
+            # a step's first forward, once it offloads (Note [The cache the first forward left])
+            trim = target > 0 and not (chained or self.trimmed)
             if trim:
                 self.trimmed = True
                 self.stats["trims"] += 1
