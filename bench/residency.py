@@ -792,7 +792,8 @@ class _PhaseClock:
         self.steps: list[dict[str, Any]] = []
         self.peaks = (0, 0)
 
-    def _peaks(self) -> None:
+    def keep_peaks(self) -> None:
+        """The run's peaks so far, before torch's are reset."""
         cuda = self.torch.cuda
         self.peaks = (
             max(self.peaks[0], int(cuda.max_memory_allocated())),
@@ -804,7 +805,7 @@ class _PhaseClock:
 
     def start(self) -> None:
         self.t, self.c = time.perf_counter(), self._counters()
-        self._peaks()
+        self.keep_peaks()
         self.torch.cuda.reset_peak_memory_stats()
         self.steps.append({})
 
@@ -819,7 +820,7 @@ class _PhaseClock:
             "allocated_bytes": int(cuda.memory_allocated()),
             "max_reserved_bytes": int(cuda.max_memory_reserved()),
         }
-        self._peaks()
+        self.keep_peaks()
         cuda.reset_peak_memory_stats()
         self.t, self.c = t, c
 
@@ -1003,7 +1004,7 @@ def _run(
         end_reserved_bytes=int(torch.cuda.memory_reserved()),
     )
     if workload in TRAINING and mark:  # the phases reset torch's peaks: the run's own
-        mark._peaks()
+        mark.keep_peaks()
         info["max_allocated_bytes"], info["max_reserved_bytes"] = mark.peaks
     if lengths:  # peaks reset each step; a step's seconds are its cycle's mean
         info["max_allocated_bytes"] = max(info["step_peak_allocated_bytes"])

@@ -1360,6 +1360,50 @@ def test_train_loss_by_module_shifts_upcasts_and_hands_back_the_logits() -> None
     assert loss == f"ce({shifted}.flatten(0, 1), {labels})"
 
 
+def test_phase_clock_keeps_the_runs_peaks_across_its_resets() -> None:
+    class Cuda:  # torch.cuda's memory statistics, by hand
+        def __init__(self) -> None:
+            self.now, self.peak, self.reserved = 0, 0, 0
+
+        def use(self, n: int) -> None:
+            self.now = n
+            self.peak = max(self.peak, n)
+            self.reserved = max(self.reserved, n + 1)
+
+        def synchronize(self) -> None:
+            pass
+
+        def memory_allocated(self) -> int:
+            return self.now
+
+        def memory_reserved(self) -> int:
+            return self.reserved
+
+        def max_memory_allocated(self) -> int:
+            return self.peak
+
+        def max_memory_reserved(self) -> int:
+            return self.reserved
+
+        def reset_peak_memory_stats(self) -> None:
+            self.peak = self.now
+
+    cuda = Cuda()
+    clock = residency._PhaseClock(type("T", (), {"cuda": cuda}), None)
+    clock.start()
+    cuda.use(30)  # the forward's peak
+    cuda.use(10)
+    clock("forward")
+    cuda.use(20)
+    cuda.use(5)
+    clock("backward")
+    clock.keep_peaks()
+    forward, backward = clock.steps[0]["forward"], clock.steps[0]["backward"]
+    assert (forward["allocated_bytes"], forward["max_reserved_bytes"]) == (10, 31)
+    assert backward["allocated_bytes"] == 5
+    assert clock.peaks == (30, 31)  # the forward's peak, though reset after it
+
+
 def test_residency_floor_of_a_cycle_of_lengths_is_the_mean_steps() -> None:
     """--lengths: each step's overflow is its own peak's; the floor is the mean timed
     step's (the warm-up left out), not the longest's."""
