@@ -596,6 +596,8 @@ def describe(s: dict[str, Any]) -> str:
         both = (s.get("both_bytes_per_s") or 0.0) / 1e9
         return head + f" pinned h2d {h2d:.1f} GB/s, d2h {d2h:.1f} GB/s, both at once {both:.1f}"
     line = head + f" {s['median_s']:.4f} s/step (first {s['first_step_s']:.3f} s)"
+    if "end_reserved_bytes" in s:  # the cache the steps keep (step 51)
+        line += f", cache {s['end_reserved_bytes'] / 1e9:.2f} GB at the end"
     st = s.get("um_stats") or {}
     if st:
         gb = {

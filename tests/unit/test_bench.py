@@ -1404,6 +1404,13 @@ def test_phase_clock_keeps_the_runs_peaks_across_its_resets() -> None:
     assert clock.peaks == (30, 31)  # the forward's peak, though reset after it
 
 
+def test_residency_worker_line_names_the_cache_it_ended_with() -> None:
+    sample = {"mode": "um-predict", "median_s": 0.5766, "first_step_s": 3.705}
+    assert "cache" not in residency.describe(sample)  # records before step 51
+    line = residency.describe({**sample, "end_reserved_bytes": 14_218_690_560})
+    assert "0.5766 s/step (first 3.705 s), cache 14.22 GB at the end" in line
+
+
 def test_residency_floor_of_a_cycle_of_lengths_is_the_mean_steps() -> None:
     """--lengths: each step's overflow is its own peak's; the floor is the mean timed
     step's (the warm-up left out), not the longest's."""
