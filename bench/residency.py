@@ -1276,7 +1276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--phases",
         action="store_true",
-        help="train, ddp: also time forward, backward and optimizer, engine counters each",
+        help="train, ddp: also time forward, backward and optimizer, with engine counters "
+        "and the allocator's reserved and allocated bytes each",
     )
     ap.add_argument(
         "--ranks",
