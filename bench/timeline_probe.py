@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.workload == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         criterion = torch.nn.CrossEntropyLoss() if a.loss == "module" else None
-        held: list[Any] = [None]  # the loop's logits, alive into the next step's forward
+        logits: Any = None  # the loop's (--loss module), alive into the next step's forward
 
         @contextlib.contextmanager
         def phase(name: str) -> Iterator[None]:
@@ -446,9 +446,10 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize()
 
         def step() -> None:
+            nonlocal logits
             opt.zero_grad(set_to_none=True)
             with phase("forward"):
-                loss, held[0] = train_loss(model, ids, criterion)
+                loss, logits = train_loss(model, ids, criterion)
             with phase("backward"):
                 if reads is not None:
                     reads.append({"start": um._engine_counters(torch.cuda.current_device())[0]})

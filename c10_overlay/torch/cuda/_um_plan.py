@@ -164,7 +164,9 @@ def learn_chain(parts: list[ChainPart], evicted: int, room: int) -> None:
     keyword ones read from the module call's frame (``OutermostForward.call_kwargs``:
     the global forward pre-hook is given the positional ones alone); where that frame
     is not known, a module given its input by keyword closes the window as a new batch
-    would (slower, never wrong)."""
+    would (slower, never wrong). So does a forward on data with no history between the
+    chain's parts: a GAN's discriminator on real or detached samples closes the
+    generator's window before the generator's backward."""
     if not parts:
         return
     total = parts[0].target.proposal(evicted, room, sum(p.planned for p in parts))
