@@ -63,6 +63,7 @@ COUNTERS = (
     "evictor_ns",
     "kernel_copy_bytes",
     "kernel_copy_cpu_bytes",
+    "pageable_cpu_bytes",
 )
 RUNS = ("first", "again")
 

@@ -328,8 +328,10 @@ __attribute__((noinline)) cudaError_t cudaIpcGetMemHandle(
 }
 
 // Note [Copies of managed host memory by kernel] (HostCopy.h): torch's copies
-// of a CPU tensor in managed host memory run as the engine's copy kernel; every
-// other copy, from any caller, goes to the runtime unchanged.
+// of a CPU tensor in managed host memory run as the engine's copy kernel, and
+// copies of pageable memory leave the GPU side's bytes in host RAM to CPU
+// threads (Note [Copies of pageable memory past the budget]); every other
+// copy, from any caller, goes to the runtime unchanged.
 __attribute__((noinline)) cudaError_t cudaMemcpyAsync(
     void* dst,
     const void* src,
@@ -339,7 +341,9 @@ __attribute__((noinline)) cudaError_t cudaMemcpyAsync(
   UM_REAL(MemcpyAsyncFn, cudaMemcpyAsync);
   cudaError_t result = cudaSuccess;
   if (t_engine_depth == 0 &&
-      c10::cuda::um::copyByKernel(dst, src, count, kind, stream, &result)) {
+      (c10::cuda::um::copyByKernel(dst, src, count, kind, stream, &result) ||
+       c10::cuda::um::copyPageable(
+           dst, src, count, kind, stream, real_cudaMemcpyAsync, &result))) {
     return result;
   }
   return real_cudaMemcpyAsync(dst, src, count, kind, stream);

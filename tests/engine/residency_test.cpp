@@ -958,6 +958,25 @@ bool repeatedScanKeepsAPrefix() {
   CHECK(last_pass <= over + 2 * param, "a pass brought in %llu chunks, %llu do not fit",
         (unsigned long long)(last_pass / kChunkBytes), (unsigned long long)(over / kChunkBytes));
   CHECK(s.r.whereIs(w) == Where::Device, "the scan's first chunk is not kept");
+  // The runs in host RAM of a range that ends in neither place: every chunk in
+  // them in host RAM, the chunk before each not, and their bytes the ledger's.
+  {
+    const auto runs = s.r.hostRuns(w, layers * param);
+    uint64_t total = 0;
+    for (const auto& run : runs) {
+      CHECK(run.offset > 0 && s.r.whereIs(w + run.offset - 1) != Where::Host,
+            "a host run that does not start where host RAM starts");
+      for (uint64_t o = run.offset; o < run.offset + run.bytes; o += kChunkBytes) {
+        CHECK(s.r.whereIs(w + o) == Where::Host, "a host run over a chunk not in host RAM");
+      }
+      total += run.bytes;
+    }
+    CHECK(!runs.empty(), "no host run where the scan left chunks in host RAM");
+    CHECK(total == s.r.placement(w, layers * param).bytes[static_cast<int>(Where::Host)],
+          "host runs hold %llu bytes, the ledger %llu", (unsigned long long)total,
+          (unsigned long long)s.r.placement(w, layers * param)
+              .bytes[static_cast<int>(Where::Host)]);
+  }
   // Touched for writing, the chunks leave the scan: plain LRU again.
   for (uint64_t l = 0; l < layers; ++l) {
     if (!s.touch(w + l * param, /*read_only=*/false)) return false;
@@ -988,6 +1007,17 @@ bool blockLargerThanBudget() {
   CHECK(s.r.hostTail(b, kChunkBytes) == 0, "host tail of a range ending on the device");
   CHECK(s.r.hostTail(b, 11 * kChunkBytes) == 0, "host tail past the segment");
   CHECK(s.r.hostTail(b + 10 * kChunkBytes, kChunkBytes) == 0, "host tail outside");
+  // Note [Copies of pageable memory past the budget]: the parts in host RAM,
+  // neighbouring chunks joined, offsets from the range's start.
+  {
+    const auto runs = s.r.hostRuns(b + 100, 10 * kChunkBytes - 200);
+    CHECK(runs.size() == 1, "host runs not joined");
+    CHECK(runs[0].offset == kChunkBytes - 100, "host run's offset");
+    CHECK(runs[0].bytes == 9 * kChunkBytes - 100, "host run's bytes");
+    CHECK(s.r.hostRuns(b, kChunkBytes).empty(), "host runs of a range on the device");
+    CHECK(s.r.hostRuns(b, 11 * kChunkBytes).empty(), "host runs past the segment");
+    CHECK(s.r.hostRuns(b + 10 * kChunkBytes, kChunkBytes).empty(), "host runs outside");
+  }
   // Handed out, freed, handed out again and touched: `a` stays each time.
   if (!s.alloc(b, 10 * kChunkBytes)) return false;
   if (!s.free(b)) return false;

@@ -124,6 +124,7 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         host_alloc_min="1MiB",
         host_copy_kernel=True,
         host_copy_cpu_share=0.35,
+        pageable_copy_cpu=True,
         pin_in_place=False,
     )
     torch.cuda.set_per_process_memory_fraction(1.0)

@@ -267,6 +267,46 @@ def test_copies_past_the_budget_are_shared_with_the_cpu(
     assert um.stats()["um.kernel_copy_failures"] == 0
 
 
+def test_pageable_copies_past_the_budget_leave_host_ram_to_the_cpu(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """Note [Copies of pageable memory past the budget] (HostCopy.h): a copy between an
+    ordinary CPU tensor and a GPU tensor twice the budget copies the GPU side's bytes in host
+    RAM by CPU threads and the rest by the driver, after the stream's earlier work; the data
+    is what the driver's copies of page-locked memory (not taken) give, both ways.
+    pageable_copy_cpu:False leaves every byte to the driver."""
+    budget = 256 * MiB
+    um.configure(device_budget=budget)
+
+    def counts() -> tuple[int, int]:
+        s = um.stats()
+        return int(s["um.pageable_copies"]), int(s["um.pageable_cpu_bytes"])
+
+    n = 2 * budget // 4 + 5  # not a whole number of pages
+    ref = _reference(n, 13)  # pageable
+    c0 = counts()
+    dev = ref.to("cuda")  # host to device: its end in host RAM
+    c1 = counts()
+    assert c1[0] - c0[0] == 1 and 0 < c1[1] - c0[1] < n * 4, um.stats()
+    by_driver = ref.pin_memory().to("cuda")
+    assert counts() == c1  # page-locked: the driver's
+    assert torch.equal(dev, by_driver)
+    del by_driver
+    dev.mul_(2)  # queued just before the copy back: the CPU's part must see it
+    back = dev.cpu()  # device to host, into fresh pageable memory
+    c2 = counts()
+    assert c2[0] - c1[0] == 1 and 0 < c2[1] - c1[1] < n * 4
+    assert torch.equal(back, ref * 2)
+    into = torch.empty(n, pin_memory=True)
+    into.copy_(dev)
+    assert counts() == c2
+    assert torch.equal(into, back)
+    um.configure(pageable_copy_cpu=False)
+    dev.add_(1)
+    assert torch.equal(dev.cpu(), ref * 2 + 1)
+    assert counts() == c2
+
+
 class _Batches(torch.utils.data.Dataset):  # type: ignore[misc]
     def __len__(self) -> int:
         return 12

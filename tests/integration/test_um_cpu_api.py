@@ -31,7 +31,7 @@ KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
     "predict, predict_lookahead, predict_copy_sms, predict_copy_kernel, predict_stage_kernel, "
     "predict_ddp_buckets, read_copies, host_alloc, host_alloc_min, host_copy_kernel, "
-    "host_copy_cpu_share, pin_in_place."
+    "host_copy_cpu_share, pageable_copy_cpu, pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
 RESIDENCY = {
@@ -49,6 +49,7 @@ RESIDENCY = {
     "host_alloc_min": str(1 << 20),
     "host_copy_kernel": "True",
     "host_copy_cpu_share": "0.35",
+    "pageable_copy_cpu": "True",
     "pin_in_place": "False",
 }
 DEFAULTS = {
@@ -203,6 +204,7 @@ BAD = {
     "expandable_segments:True": ["unknown key 'expandable_segments'", KEYS],
     "enabled:maybe": ["'enabled' takes True or False, got 'maybe'"],
     "host_copy_kernel:1.5": ["'host_copy_kernel' takes True or False, got '1.5'"],
+    "pageable_copy_cpu:yes": ["'pageable_copy_cpu' takes True or False, got 'yes'"],
     "host_copy_cpu_share:0.95": ["'host_copy_cpu_share'", "from 0 (none) to 0.9", "got '0.95'"],
     "host_copy_cpu_share:-0.1": ["'host_copy_cpu_share'", "got '-0.1'"],
     "prefetch:yes": ["'prefetch' takes True or False, got 'yes'"],
@@ -327,7 +329,7 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
 def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     stats = api["stats"]
     assert stats["um.enabled"] == 1 and stats["um.policy_lru"] == 1
-    assert len(stats) == 54 and all(isinstance(v, int) for v in stats.values())
+    assert len(stats) == 56 and all(isinstance(v, int) for v in stats.values())
     flags = ("um.enabled", "um.policy_lru")
     assert {k: v for k, v in stats.items() if k not in flags} == dict.fromkeys(
         (k for k in stats if k not in flags), 0

@@ -154,6 +154,8 @@ class _Stats(ctypes.Structure):
             "kernel_copy_bytes",
             "kernel_copy_failures",
             "kernel_copy_cpu_bytes",
+            "pageable_copies",
+            "pageable_cpu_bytes",
         )
     ]
 
@@ -344,6 +346,7 @@ def configure(
     host_alloc_min: Size | None = None,
     host_copy_kernel: bool | None = None,
     host_copy_cpu_share: float | None = None,
+    pageable_copy_cpu: bool | None = None,
     pin_in_place: bool | None = None,
 ) -> None:
     """Change the engine's settings for allocations made from now on. A change of
@@ -385,6 +388,7 @@ def configure(
         ("predict_ddp_buckets", predict_ddp_buckets),
         ("read_copies", read_copies),
         ("host_copy_kernel", host_copy_kernel),
+        ("pageable_copy_cpu", pageable_copy_cpu),
         ("pin_in_place", pin_in_place),
     ):
         if flag is not None:

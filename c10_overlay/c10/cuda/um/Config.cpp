@@ -17,7 +17,8 @@ constexpr const char* kKeys =
     "discard, hooks, predict, predict_lookahead, predict_copy_sms, "
     "predict_copy_kernel, predict_stage_kernel, predict_ddp_buckets, "
     "read_copies, host_alloc, "
-    "host_alloc_min, host_copy_kernel, host_copy_cpu_share, pin_in_place";
+    "host_alloc_min, host_copy_kernel, host_copy_cpu_share, pageable_copy_cpu, "
+    "pin_in_place";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -212,6 +213,8 @@ std::string Config::str() const {
   std::snprintf(share, sizeof(share), "%g", host_copy_cpu_share);
   s += ",host_copy_cpu_share:";
   s += share;
+  s += ",pageable_copy_cpu:";
+  s += pageable_copy_cpu ? "True" : "False";
   s += ",pin_in_place:";
   s += pin_in_place ? "True" : "False";
   return s;
@@ -289,6 +292,8 @@ Config parseConfig(
           value,
           "'.");
       cfg.host_copy_cpu_share = *share;
+    } else if (key == "pageable_copy_cpu") {
+      cfg.pageable_copy_cpu = parseBool(key, value, source);
     } else if (key == "pin_in_place") {
       cfg.pin_in_place = parseBool(key, value, source);
     } else if (key == "read_copies") {

@@ -103,6 +103,12 @@ struct Config {
   // where both sides lie in host RAM (Note [Copies shared with the CPU],
   // HostCopy.h); 0 leaves every byte to the kernel.
   double host_copy_cpu_share = 0.35;
+  // A copy between pageable memory (torch's ordinary CPU tensors) and an
+  // engine segment whose chunks lie in host RAM past the device budget copies
+  // those chunks' bytes by CPU threads, in place, and only the rest by the
+  // driver (Note [Copies of pageable memory past the budget], HostCopy.h). On
+  // by default; the injection path only.
+  bool pageable_copy_cpu = true;
   // DataLoader pin_memory=True page-locks each batch tensor of at least
   // host_alloc_min bytes where it lies (cudaHostRegister) instead of copying
   // it into page-locked buffers (Note [Pinned in place], HostAllocator.h).

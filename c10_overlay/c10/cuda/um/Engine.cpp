@@ -46,6 +46,7 @@ Engine::Engine() : owner_pid_(static_cast<int>(getpid())) {
 void Engine::syncHostSettings() {
   host_managed_.store(cfg_.host_alloc_managed);
   kernel_copies_.store(cfg_.enabled && cfg_.host_copy_kernel);
+  pageable_copies_.store(cfg_.enabled && cfg_.pageable_copy_cpu);
   host_min_.store(cfg_.host_alloc_min);
 }
 
@@ -477,6 +478,14 @@ Engine::HostRange Engine::hostRange(
   return {true, mapped, tail, share};
 }
 
+std::vector<Residency::Run> Engine::hostRuns(const void* ptr, size_t size) const {
+  if (static_cast<int>(getpid()) != owner_pid_) {
+    return {};
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return residency_.hostRuns(reinterpret_cast<uintptr_t>(ptr), size);
+}
+
 void Engine::mapHostFor(const void* ptr, int device) {
   if (device < 0 || device >= kMappedDevices) {
     return;
@@ -752,6 +761,8 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.kernel_copy_bytes = kc.bytes;
   s.kernel_copy_failures = kc.failures;
   s.kernel_copy_cpu_bytes = kc.cpu_bytes;
+  s.pageable_copies = kc.pageable_copies;
+  s.pageable_cpu_bytes = kc.pageable_cpu_bytes;
   return s;
 }
 

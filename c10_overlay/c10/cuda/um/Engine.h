@@ -146,6 +146,15 @@ class Engine {
     double cpu_share = 0;
   };
   HostRange hostRange(const void* ptr, size_t size, int device, const void* other) const;
+  // Note [Copies of pageable memory past the budget] (HostCopy.h): whether
+  // such copies may take CPU threads now (UM on and pageable_copy_cpu;
+  // lock-free), and the parts of [ptr, ptr+size) the residency ledger places
+  // in host RAM (Residency::hostRuns; empty outside one engine segment, or
+  // in a fork()ed child).
+  bool pageableCopies() const {
+    return pageable_copies_.load(std::memory_order_relaxed);
+  }
+  std::vector<Residency::Run> hostRuns(const void* ptr, size_t size) const;
   // Whether some stream of the process is being captured (captureBegin and
   // captureEnd): CUDA then forbids advice and waits on other streams too.
   bool capturesUnderway() const {
@@ -236,6 +245,7 @@ class Engine {
   // CPU allocation and must not take mu_.
   std::atomic<bool> host_managed_{false};
   std::atomic<bool> kernel_copies_{true}; // enabled && host_copy_kernel
+  std::atomic<bool> pageable_copies_{true}; // enabled && pageable_copy_cpu
   std::atomic<uint64_t> host_min_{1ull << 20};
   std::atomic<bool> used_cuda_{false}; // a managed segment was made
   const int owner_pid_; // the process whose CUDA context the engine uses

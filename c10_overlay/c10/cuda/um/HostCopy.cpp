@@ -11,6 +11,9 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 namespace c10::cuda::um {
 namespace {
@@ -199,6 +202,8 @@ struct Counters {
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> failures{0};
   std::atomic<uint64_t> cpu_bytes{0};
+  std::atomic<uint64_t> pageable_copies{0};
+  std::atomic<uint64_t> pageable_cpu_bytes{0};
 };
 Counters& counters() {
   static auto* c = new Counters();
@@ -246,6 +251,42 @@ void copyOnCpu(char* dst, const char* src, size_t size) {
   onParts(size, kCpuPartMinBytes / 4, kCpuCopyThreads, [&](size_t lo, size_t hi) {
     std::memcpy(dst + lo, src + lo, hi - lo);
   });
+}
+
+// Note [Copies of pageable memory past the budget]: the smallest copy taken,
+// and the fewest bytes of it in host RAM.
+constexpr size_t kPageableMinBytes = size_t{1} << 20;
+
+// memcpy of the bytes of `runs` (offsets into both buffers) from up to
+// kCpuCopyThreads threads, the calling one included; `total` is their sum.
+void copyRunsOnCpu(
+    char* dst,
+    const char* src,
+    const std::vector<Residency::Run>& runs,
+    uint64_t total) {
+  onParts(total, kCpuPartMinBytes / 4, kCpuCopyThreads, [&](size_t lo, size_t hi) {
+    uint64_t start = 0; // of the run, counted over the runs' bytes
+    for (const Residency::Run& run : runs) {
+      const uint64_t end = start + run.bytes;
+      if (lo < end && hi > start) {
+        const uint64_t a = std::max<uint64_t>(lo, start) - start + run.offset;
+        const uint64_t b = std::min<uint64_t>(hi, end) - start + run.offset;
+        std::memcpy(dst + a, src + a, b - a);
+      }
+      start = end;
+    }
+  });
+}
+
+// Whether `ptr` is pageable memory: neither page-locked, nor managed, nor a
+// device's. A failed query clears the runtime's last error it set.
+bool pageable(const void* ptr) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeUnregistered;
 }
 
 } // namespace
@@ -348,10 +389,87 @@ bool copyByKernel(
   return true;
 }
 
+bool copyPageable(
+    void* dst,
+    const void* src,
+    size_t count,
+    cudaMemcpyKind kind,
+    cudaStream_t stream,
+    MemcpyAsyncFn driver,
+    cudaError_t* result) {
+  if ((kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost) ||
+      count < kPageableMinBytes || driver == nullptr) {
+    return false;
+  }
+  Engine& engine = Engine::get();
+  if (!engine.pageableCopies() || engine.capturesUnderway()) {
+    return false;
+  }
+  const bool to_device = kind == cudaMemcpyHostToDevice;
+  const std::vector<Residency::Run> runs = engine.hostRuns(to_device ? dst : src, count);
+  uint64_t cpu = 0;
+  for (const Residency::Run& run : runs) {
+    cpu += run.bytes;
+  }
+  if (cpu < kPageableMinBytes || !pageable(to_device ? src : dst)) {
+    return false;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    return false;
+  }
+  // The work queued before the copy first, as the driver's copy would wait
+  // for it; its error is what a synchronous copy reports, nothing copied.
+  const cudaError_t before = cudaStreamSynchronize(stream);
+  if (before != cudaSuccess) {
+    *result = before;
+    return true;
+  }
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  auto onCpu = [&] { copyRunsOnCpu(d, s, runs, cpu); };
+  // The driver's part: the gaps between the runs, copied by the calling
+  // thread while CPU threads copy the runs.
+  std::thread helper;
+  if (cpu < count) {
+    try {
+      helper = std::thread(onCpu);
+    } catch (const std::system_error&) {
+      onCpu(); // no thread: the CPU's part first, then the driver's
+    }
+  } else {
+    onCpu();
+  }
+  cudaError_t err = cudaSuccess;
+  uint64_t at = 0;
+  for (size_t i = 0; i <= runs.size() && err == cudaSuccess; ++i) {
+    const uint64_t end = i < runs.size() ? runs[i].offset : count;
+    if (end > at) {
+      err = driver(d + at, s + at, end - at, kind, stream);
+    }
+    if (i < runs.size()) {
+      at = runs[i].offset + runs[i].bytes;
+    }
+  }
+  if (helper.joinable()) {
+    helper.join();
+  }
+  counters().pageable_copies.fetch_add(1, kRelaxed);
+  counters().pageable_cpu_bytes.fetch_add(cpu, kRelaxed);
+  *result = err;
+  return true;
+}
+
 KernelCopyCounters kernelCopyCounters() {
   Counters& c = counters();
   return KernelCopyCounters{
-      c.copies.load(), c.bytes.load(), c.failures.load(), c.cpu_bytes.load()};
+      c.copies.load(),
+      c.bytes.load(),
+      c.failures.load(),
+      c.cpu_bytes.load(),
+      c.pageable_copies.load(),
+      c.pageable_cpu_bytes.load()};
 }
 
 } // namespace c10::cuda::um

@@ -57,6 +57,39 @@
 // somewhere else after all is migrated by the CPU's access and still read
 // or written correctly. Counted in um.kernel_copy_cpu_bytes.
 //
+// Note [Copies of pageable memory past the budget]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Most programs copy ordinary CPU tensors: pageable memory, which the driver
+// stages through buffers of its own. Where the GPU side is an engine segment
+// whose chunks lie in host RAM past the device budget, those bytes go from
+// host RAM through the driver's staging and over the link to host RAM again:
+// 1.4-4.9 GB/s into host-placed managed memory and 7.4-10 out of it on the
+// H200 host (bench/README.md, step 17), and Listing 1's first copy out (8 GiB
+// of a square mostly in host RAM into a fresh CPU tensor) took 7.0 s
+// (step 45). Both sides of those bytes are host memory. So a copy whose host
+// side is pageable leaves the GPU side's host-RAM runs (the residency
+// ledger's view, Residency::hostRuns) to CPU threads, memcpy in place with
+// no link at all (37 GB/s from 16 threads on that host, step 44; into fresh
+// pageable pages about as fast as CPU threads make pages, the fastest route
+// there, step 45), while the calling thread hands the rest to the driver as
+// one copy per run on the device. Like the CPU share above, the threads start
+// only once the stream's work queued before the copy has finished (the GPU
+// side may be written by that work, or read by it before this copy
+// overwrites it); the call returns when the CPU's part is done and the
+// driver's copies have returned, which is what a pageable copy promises its
+// caller (from the host buffer: read; to it: written).
+//
+// Which copies: host-to-device or device-to-host, at least 1 MiB, with at
+// least 1 MiB of the GPU side in host RAM by the ledger, the GPU side wholly
+// inside one engine segment, the host side pageable
+// (cudaPointerGetAttributes: page-locked memory goes to the driver, which
+// copies it at the link's speed, and managed host memory to the kernel of the
+// Note above), no stream capturing, UM on and pageable_copy_cpu:True. The
+// ledger may be a step behind the driver (a chunk brought back since): a page
+// the CPU reaches that lies on the device after all is migrated by the access
+// and still read or written correctly, only slower. Counted in
+// um.pageable_copies and um.pageable_cpu_bytes.
+//
 // Only the injection path has the hook: on the source path torch's copies
 // call the CUDA runtime from libtorch_cuda.so, which that path leaves alone.
 //
@@ -97,11 +130,30 @@ bool copyByKernel(
     cudaStream_t stream,
     cudaError_t* result);
 
+// Note [Copies of pageable memory past the budget]: cudaMemcpyAsync's
+// arguments and the runtime's own cudaMemcpyAsync (`driver`), which copies
+// the parts that are not the CPU's. True when the copy was taken, with
+// *result what the call returns; false when the caller must hand the whole
+// copy to the runtime (nothing was copied).
+using MemcpyAsyncFn = cudaError_t (*)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
+bool copyPageable(
+    void* dst,
+    const void* src,
+    size_t count,
+    cudaMemcpyKind kind,
+    cudaStream_t stream,
+    MemcpyAsyncFn driver,
+    cudaError_t* result);
+
 struct KernelCopyCounters {
   uint64_t copies = 0; // taken by the kernel
   uint64_t bytes = 0;
   uint64_t failures = 0; // launches that failed: handed to the driver
   uint64_t cpu_bytes = 0; // of `bytes`, those CPU threads copied
+  // Note [Copies of pageable memory past the budget]: the copies taken and
+  // the bytes CPU threads copied in them.
+  uint64_t pageable_copies = 0;
+  uint64_t pageable_cpu_bytes = 0;
 };
 KernelCopyCounters kernelCopyCounters();
 

@@ -985,6 +985,28 @@ uint64_t Residency::hostTail(uintptr_t addr, uint64_t size) const {
   return i == last ? 0 : hi - std::max(addr, seg->chunkAddr(i));
 }
 
+std::vector<Residency::Run> Residency::hostRuns(uintptr_t addr, uint64_t size) const {
+  std::vector<Run> runs;
+  const Segment* seg = find(addr);
+  if (seg == nullptr || size == 0 || size > seg->base + seg->size - addr) {
+    return runs;
+  }
+  const auto [hi, first, last] = seg->span(addr, size);
+  for (size_t i = first; i < last; ++i) {
+    if (seg->chunks[i].where != Where::Host) {
+      continue;
+    }
+    const uintptr_t lo = std::max(addr, seg->chunkAddr(i));
+    const uint64_t bytes = std::min<uintptr_t>(hi, seg->chunkAddr(i) + seg->chunkSize(i)) - lo;
+    if (!runs.empty() && runs.back().offset + runs.back().bytes == lo - addr) {
+      runs.back().bytes += bytes;
+    } else {
+      runs.push_back(Run{lo - addr, bytes});
+    }
+  }
+  return runs;
+}
+
 uint32_t Residency::liveBytesAt(uintptr_t addr) const {
   const Segment* seg = find(addr);
   return seg ? seg->chunks[(addr - seg->base) / kChunkBytes].live : 0;

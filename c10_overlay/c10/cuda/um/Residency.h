@@ -478,6 +478,15 @@ class Residency {
   // [Copies shared with the CPU], HostCopy.h). 0 if the range's last byte is
   // not in host RAM or not in the segment holding addr.
   uint64_t hostTail(uintptr_t addr, uint64_t size) const;
+  // The parts of [addr, addr+size) that lie in chunks placed in host RAM, as
+  // (offset from addr, bytes), in address order, neighbours joined: what
+  // CPU threads can copy in place (Note [Copies of pageable memory past the
+  // budget], HostCopy.h). Empty if the range is not wholly in one segment.
+  struct Run {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+  std::vector<Run> hostRuns(uintptr_t addr, uint64_t size) const;
 
  private:
   struct Segment;

@@ -108,6 +108,11 @@ typedef struct TorchUmStats {
   /* Note [Copies shared with the CPU] (HostCopy.h): of kernel_copy_bytes, the
    * bytes CPU threads copied. */
   uint64_t kernel_copy_cpu_bytes;
+  /* Note [Copies of pageable memory past the budget] (HostCopy.h),
+   * process-wide: cudaMemcpyAsync calls of pageable memory whose GPU side's
+   * bytes in host RAM CPU threads copied, and those bytes. */
+  uint64_t pageable_copies;
+  uint64_t pageable_cpu_bytes;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
