@@ -64,6 +64,7 @@ COUNTERS = (
     "kernel_copy_bytes",
     "kernel_copy_cpu_bytes",
     "pageable_cpu_bytes",
+    "pageable_staged_bytes",
 )
 RUNS = ("first", "again")
 

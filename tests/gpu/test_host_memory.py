@@ -272,15 +272,20 @@ def test_pageable_copies_past_the_budget_leave_host_ram_to_the_cpu(
 ) -> None:
     """Note [Copies of pageable memory past the budget] (HostCopy.h): a copy between an
     ordinary CPU tensor and a GPU tensor twice the budget copies the GPU side's bytes in host
-    RAM by CPU threads and the rest by the driver, after the stream's earlier work; the data
-    is what the driver's copies of page-locked memory (not taken) give, both ways.
+    RAM by CPU threads and the rest through the engine's page-locked buffers (Note [Pageable
+    bytes on the device go through page-locked buffers]), after the stream's earlier work;
+    the data is what the driver's copies of page-locked memory (not taken) give, both ways.
     pageable_copy_cpu:False leaves every byte to the driver."""
     budget = 256 * MiB
     um.configure(device_budget=budget)
 
-    def counts() -> tuple[int, int]:
+    def counts() -> tuple[int, int, int]:
         s = um.stats()
-        return int(s["um.pageable_copies"]), int(s["um.pageable_cpu_bytes"])
+        return (
+            int(s["um.pageable_copies"]),
+            int(s["um.pageable_cpu_bytes"]),
+            int(s["um.pageable_staged_bytes"]),
+        )
 
     n = 2 * budget // 4 + 5  # not a whole number of pages
     ref = _reference(n, 13)  # pageable
@@ -288,6 +293,7 @@ def test_pageable_copies_past_the_budget_leave_host_ram_to_the_cpu(
     dev = ref.to("cuda")  # host to device: its end in host RAM
     c1 = counts()
     assert c1[0] - c0[0] == 1 and 0 < c1[1] - c0[1] < n * 4, um.stats()
+    assert c1[1] - c0[1] + c1[2] - c0[2] == n * 4  # the rest through page-locked buffers
     by_driver = ref.pin_memory().to("cuda")
     assert counts() == c1  # page-locked: the driver's
     assert torch.equal(dev, by_driver)
@@ -296,6 +302,7 @@ def test_pageable_copies_past_the_budget_leave_host_ram_to_the_cpu(
     back = dev.cpu()  # device to host, into fresh pageable memory
     c2 = counts()
     assert c2[0] - c1[0] == 1 and 0 < c2[1] - c1[1] < n * 4
+    assert c2[1] - c1[1] + c2[2] - c1[2] == n * 4
     assert torch.equal(back, ref * 2)
     into = torch.empty(n, pin_memory=True)
     into.copy_(dev)

@@ -156,6 +156,7 @@ class _Stats(ctypes.Structure):
             "kernel_copy_cpu_bytes",
             "pageable_copies",
             "pageable_cpu_bytes",
+            "pageable_staged_bytes",
         )
     ]
 

@@ -763,6 +763,7 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.kernel_copy_cpu_bytes = kc.cpu_bytes;
   s.pageable_copies = kc.pageable_copies;
   s.pageable_cpu_bytes = kc.pageable_cpu_bytes;
+  s.pageable_staged_bytes = kc.pageable_staged_bytes;
   return s;
 }
 

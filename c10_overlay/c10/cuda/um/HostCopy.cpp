@@ -204,6 +204,7 @@ struct Counters {
   std::atomic<uint64_t> cpu_bytes{0};
   std::atomic<uint64_t> pageable_copies{0};
   std::atomic<uint64_t> pageable_cpu_bytes{0};
+  std::atomic<uint64_t> pageable_staged_bytes{0};
 };
 Counters& counters() {
   static auto* c = new Counters();
@@ -287,6 +288,156 @@ bool pageable(const void* ptr) {
     return false;
   }
   return attr.type == cudaMemoryTypeUnregistered;
+}
+
+// Note [Pageable bytes on the device go through page-locked buffers]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The bytes of such a copy on the device must cross the link, and the
+// driver's copy of pageable memory does that at about 10 GB/s on the H200
+// host (bench/README.md, step 52: 4 GiB in 0.4 s) against 52 for page-locked
+// memory. So they go through kBounceWorkers page-locked buffers of
+// kBounceBytes per device, made at the first such copy and kept (128 MiB of
+// page-locked host RAM): each worker thread takes the next piece, and either
+// fills its buffer from the pageable side and queues the buffer's copy to the
+// device, or queues the copy from the device into its buffer, waits for it
+// and empties the buffer into the pageable side. The copies to and from the
+// buffers are queued on the copy's stream, so a copy engine moves one while
+// CPU threads fill or empty the others. A buffer is written again only after
+// an event recorded behind its last copy has passed, across calls too. One
+// copy at a time uses a device's buffers: another one meanwhile, or one
+// where the buffers could not be made, hands its pieces to the driver.
+constexpr size_t kBounceBytes = size_t{16} << 20;
+constexpr size_t kBounceWorkers = 8;
+
+struct Bounce {
+  std::mutex mu; // held by the copy using the buffers
+  bool tried = false; // under mu
+  std::vector<char*> buffers; // under mu: kBounceWorkers, page-locked
+  std::vector<cudaEvent_t> done; // under mu: behind each buffer's last copy
+};
+
+Bounce& bounce(int device) {
+  static auto* sets = new std::array<Bounce, kMaxDevices>();
+  return (*sets)[device];
+}
+
+// Makes b's buffers and events on the current device once; requires b.mu.
+// False where they cannot be had (then never tried again).
+bool ready(Bounce& b) {
+  if (!b.tried) {
+    b.tried = true;
+    for (size_t i = 0; i < kBounceWorkers; ++i) {
+      void* p = nullptr;
+      cudaEvent_t e = nullptr;
+      if (cudaHostAlloc(&p, kBounceBytes, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        break;
+      }
+      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        (void)cudaFreeHost(p);
+        break;
+      }
+      b.buffers.push_back(static_cast<char*>(p));
+      b.done.push_back(e);
+    }
+    if (b.buffers.size() < kBounceWorkers) {
+      for (size_t i = 0; i < b.buffers.size(); ++i) {
+        (void)cudaFreeHost(b.buffers[i]);
+        (void)cudaEventDestroy(b.done[i]);
+      }
+      b.buffers.clear();
+      b.done.clear();
+    }
+  }
+  return !b.buffers.empty();
+}
+
+struct Piece {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// The parts of [0, count) outside `runs`, cut into pieces of at most `most`.
+std::vector<Piece> gaps(const std::vector<Residency::Run>& runs, uint64_t count, uint64_t most) {
+  std::vector<Piece> pieces;
+  uint64_t at = 0;
+  for (size_t i = 0; i <= runs.size(); ++i) {
+    const uint64_t end = i < runs.size() ? runs[i].offset : count;
+    for (; at < end; at += std::min(most, end - at)) {
+      pieces.push_back(Piece{at, std::min(most, end - at)});
+    }
+    if (i < runs.size()) {
+      at = runs[i].offset + runs[i].bytes;
+    }
+  }
+  return pieces;
+}
+
+// Note [Pageable bytes on the device go through page-locked buffers]: copies
+// `pieces` between the pageable side and the device through b's buffers;
+// requires b.mu and ready(b). The first error of a CUDA call, after which no
+// further piece is started.
+cudaError_t copyStaged(
+    Bounce& b,
+    int device,
+    char* d,
+    const char* s,
+    const std::vector<Piece>& pieces,
+    bool to_device,
+    cudaStream_t stream,
+    MemcpyAsyncFn driver) {
+  std::atomic<size_t> next{0};
+  std::atomic<int> first_error{cudaSuccess};
+  auto work = [&](size_t w) {
+    cudaError_t e = cudaSetDevice(device);
+    char* buf = b.buffers[w];
+    cudaEvent_t done = b.done[w];
+    for (size_t k = next++; e == cudaSuccess && k < pieces.size() &&
+         first_error.load(kRelaxed) == cudaSuccess;
+         k = next++) {
+      const Piece& p = pieces[k];
+      if (to_device) {
+        e = cudaEventSynchronize(done); // the buffer's last copy has read it
+        if (e == cudaSuccess) {
+          std::memcpy(buf, s + p.offset, p.bytes);
+          e = driver(d + p.offset, buf, p.bytes, cudaMemcpyHostToDevice, stream);
+        }
+        if (e == cudaSuccess) {
+          e = cudaEventRecord(done, stream);
+        }
+      } else {
+        e = driver(buf, s + p.offset, p.bytes, cudaMemcpyDeviceToHost, stream);
+        if (e == cudaSuccess) {
+          e = cudaEventRecord(done, stream);
+        }
+        if (e == cudaSuccess) {
+          e = cudaEventSynchronize(done);
+        }
+        if (e == cudaSuccess) {
+          std::memcpy(d + p.offset, buf, p.bytes);
+        }
+      }
+    }
+    if (e != cudaSuccess) {
+      int none = cudaSuccess;
+      first_error.compare_exchange_strong(none, e);
+    }
+  };
+  std::vector<std::thread> helpers;
+  const size_t workers = std::min(b.buffers.size(), pieces.size());
+  for (size_t w = 1; w < workers; ++w) {
+    try {
+      helpers.emplace_back(work, w);
+    } catch (const std::system_error&) {
+      break; // the others take its pieces
+    }
+  }
+  work(0);
+  for (std::thread& t : helpers) {
+    t.join();
+  }
+  return static_cast<cudaError_t>(first_error.load());
 }
 
 } // namespace
@@ -442,14 +593,27 @@ bool copyPageable(
     onCpu();
   }
   cudaError_t err = cudaSuccess;
-  uint64_t at = 0;
-  for (size_t i = 0; i <= runs.size() && err == cudaSuccess; ++i) {
-    const uint64_t end = i < runs.size() ? runs[i].offset : count;
-    if (end > at) {
-      err = driver(d + at, s + at, end - at, kind, stream);
+  uint64_t staged = 0;
+  if (cpu < count) {
+    // Note [Pageable bytes on the device go through page-locked buffers],
+    // else the driver's copy of each gap.
+    int device = -1;
+    Bounce* b = cudaGetDevice(&device) == cudaSuccess && device >= 0 && device < kMaxDevices
+        ? &bounce(device)
+        : nullptr;
+    std::unique_lock<std::mutex> lock;
+    if (b != nullptr) {
+      lock = std::unique_lock<std::mutex>(b->mu, std::try_to_lock);
     }
-    if (i < runs.size()) {
-      at = runs[i].offset + runs[i].bytes;
+    if (lock.owns_lock() && ready(*b)) {
+      err = copyStaged(*b, device, d, s, gaps(runs, count, kBounceBytes), to_device, stream, driver);
+      staged = count - cpu;
+    } else {
+      for (const Piece& p : gaps(runs, count, count)) {
+        if (err == cudaSuccess) {
+          err = driver(d + p.offset, s + p.offset, p.bytes, kind, stream);
+        }
+      }
     }
   }
   if (helper.joinable()) {
@@ -457,6 +621,7 @@ bool copyPageable(
   }
   counters().pageable_copies.fetch_add(1, kRelaxed);
   counters().pageable_cpu_bytes.fetch_add(cpu, kRelaxed);
+  counters().pageable_staged_bytes.fetch_add(err == cudaSuccess ? staged : 0, kRelaxed);
   *result = err;
   return true;
 }
@@ -469,7 +634,8 @@ KernelCopyCounters kernelCopyCounters() {
       c.failures.load(),
       c.cpu_bytes.load(),
       c.pageable_copies.load(),
-      c.pageable_cpu_bytes.load()};
+      c.pageable_cpu_bytes.load(),
+      c.pageable_staged_bytes.load()};
 }
 
 } // namespace c10::cuda::um

@@ -71,13 +71,16 @@
 // ledger's view, Residency::hostRuns) to CPU threads, memcpy in place with
 // no link at all (37 GB/s from 16 threads on that host, step 44; into fresh
 // pageable pages about as fast as CPU threads make pages, the fastest route
-// there, step 45), while the calling thread hands the rest to the driver as
-// one copy per run on the device. Like the CPU share above, the threads start
-// only once the stream's work queued before the copy has finished (the GPU
-// side may be written by that work, or read by it before this copy
-// overwrites it); the call returns when the CPU's part is done and the
-// driver's copies have returned, which is what a pageable copy promises its
-// caller (from the host buffer: read; to it: written).
+// there, step 45), while the calling thread moves the rest, on the device,
+// through page-locked buffers of the engine's (Note [Pageable bytes on the
+// device go through page-locked buffers], HostCopy.cpp), or where those are
+// busy or missing hands it to the driver as one copy per run. Like the CPU
+// share above, the threads start only once the stream's work queued before
+// the copy has finished (the GPU side may be written by that work, or read by
+// it before this copy overwrites it); the call returns when the CPU's part is
+// done and the rest has left the host buffer or reached it, which is what a
+// pageable copy promises its caller (from the host buffer: read; to it:
+// written).
 //
 // Which copies: host-to-device or device-to-host, at least 1 MiB, with at
 // least 1 MiB of the GPU side in host RAM by the ledger, the GPU side wholly
@@ -88,7 +91,7 @@
 // ledger may be a step behind the driver (a chunk brought back since): a page
 // the CPU reaches that lies on the device after all is migrated by the access
 // and still read or written correctly, only slower. Counted in
-// um.pageable_copies and um.pageable_cpu_bytes.
+// um.pageable_copies, um.pageable_cpu_bytes and um.pageable_staged_bytes.
 //
 // Only the injection path has the hook: on the source path torch's copies
 // call the CUDA runtime from libtorch_cuda.so, which that path leaves alone.
@@ -154,6 +157,9 @@ struct KernelCopyCounters {
   // the bytes CPU threads copied in them.
   uint64_t pageable_copies = 0;
   uint64_t pageable_cpu_bytes = 0;
+  // Note [Pageable bytes on the device go through page-locked buffers]
+  // (HostCopy.cpp): the bytes of such copies that went that way.
+  uint64_t pageable_staged_bytes = 0;
 };
 KernelCopyCounters kernelCopyCounters();
 

@@ -113,6 +113,9 @@ typedef struct TorchUmStats {
    * bytes in host RAM CPU threads copied, and those bytes. */
   uint64_t pageable_copies;
   uint64_t pageable_cpu_bytes;
+  /* Note [Pageable bytes on the device go through page-locked buffers]
+   * (HostCopy.cpp): the other bytes of those copies that went that way. */
+  uint64_t pageable_staged_bytes;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
