@@ -580,8 +580,8 @@ bool copyPageable(
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
   auto onCpu = [&] { copyRunsOnCpu(d, s, runs, cpu); };
-  // The driver's part: the gaps between the runs, copied by the calling
-  // thread while CPU threads copy the runs.
+  // The runs by CPU threads on a helper thread, while the calling thread
+  // moves the gaps between them (the bytes on the device) below.
   std::thread helper;
   if (cpu < count) {
     try {
