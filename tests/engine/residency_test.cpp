@@ -1017,6 +1017,23 @@ bool blockLargerThanBudget() {
     CHECK(s.r.hostRuns(b, kChunkBytes).empty(), "host runs of a range on the device");
     CHECK(s.r.hostRuns(b, 11 * kChunkBytes).empty(), "host runs past the segment");
     CHECK(s.r.hostRuns(b + 10 * kChunkBytes, kChunkBytes).empty(), "host runs outside");
+    // Note [Pageable bytes on the device go through page-locked buffers]: the rest of a
+    // copy, cut into pieces, around runs at its start, middle and end.
+    using Run = Residency::Run;
+    const auto pieces = Residency::gaps({Run{0, 10}, Run{25, 5}, Run{40, 10}}, 50, 4);
+    const std::vector<std::pair<uint64_t, uint64_t>> want = {
+        {10, 4}, {14, 4}, {18, 4}, {22, 3}, {30, 4}, {34, 4}, {38, 2}};
+    CHECK(pieces.size() == want.size(), "gaps: %zu pieces", pieces.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      CHECK(pieces[i].offset == want[i].first && pieces[i].bytes == want[i].second,
+            "gap piece %zu at %llu of %llu bytes", i, (unsigned long long)pieces[i].offset,
+            (unsigned long long)pieces[i].bytes);
+    }
+    CHECK(Residency::gaps({}, 9, 4).size() == 3, "gaps of a copy with no run");
+    CHECK(Residency::gaps({Run{0, 9}}, 9, 4).empty(), "gaps of a copy that is one run");
+    const auto head = Residency::gaps(runs, 10 * kChunkBytes - 200, 1ull << 40);
+    CHECK(head.size() == 1 && head[0].offset == 0 && head[0].bytes == kChunkBytes - 100,
+          "the gap before the segment's host run");
   }
   // Handed out, freed, handed out again and touched: `a` stays each time.
   if (!s.alloc(b, 10 * kChunkBytes)) return false;

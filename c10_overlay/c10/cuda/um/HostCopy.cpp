@@ -353,27 +353,6 @@ bool ready(Bounce& b) {
   return !b.buffers.empty();
 }
 
-struct Piece {
-  uint64_t offset = 0;
-  uint64_t bytes = 0;
-};
-
-// The parts of [0, count) outside `runs`, cut into pieces of at most `most`.
-std::vector<Piece> gaps(const std::vector<Residency::Run>& runs, uint64_t count, uint64_t most) {
-  std::vector<Piece> pieces;
-  uint64_t at = 0;
-  for (size_t i = 0; i <= runs.size(); ++i) {
-    const uint64_t end = i < runs.size() ? runs[i].offset : count;
-    for (; at < end; at += std::min(most, end - at)) {
-      pieces.push_back(Piece{at, std::min(most, end - at)});
-    }
-    if (i < runs.size()) {
-      at = runs[i].offset + runs[i].bytes;
-    }
-  }
-  return pieces;
-}
-
 // Note [Pageable bytes on the device go through page-locked buffers]: copies
 // `pieces` between the pageable side and the device through b's buffers;
 // requires b.mu and ready(b). The first error of a CUDA call, after which no
@@ -383,7 +362,7 @@ cudaError_t copyStaged(
     int device,
     char* d,
     const char* s,
-    const std::vector<Piece>& pieces,
+    const std::vector<Residency::Run>& pieces,
     bool to_device,
     cudaStream_t stream,
     MemcpyAsyncFn driver) {
@@ -396,7 +375,7 @@ cudaError_t copyStaged(
     for (size_t k = next++; e == cudaSuccess && k < pieces.size() &&
          first_error.load(kRelaxed) == cudaSuccess;
          k = next++) {
-      const Piece& p = pieces[k];
+      const Residency::Run& p = pieces[k];
       if (to_device) {
         e = cudaEventSynchronize(done); // the buffer's last copy has read it
         if (e == cudaSuccess) {
@@ -606,10 +585,11 @@ bool copyPageable(
       lock = std::unique_lock<std::mutex>(b->mu, std::try_to_lock);
     }
     if (lock.owns_lock() && ready(*b)) {
-      err = copyStaged(*b, device, d, s, gaps(runs, count, kBounceBytes), to_device, stream, driver);
+      err = copyStaged(
+          *b, device, d, s, Residency::gaps(runs, count, kBounceBytes), to_device, stream, driver);
       staged = count - cpu;
     } else {
-      for (const Piece& p : gaps(runs, count, count)) {
+      for (const Residency::Run& p : Residency::gaps(runs, count, count)) {
         if (err == cudaSuccess) {
           err = driver(d + p.offset, s + p.offset, p.bytes, kind, stream);
         }

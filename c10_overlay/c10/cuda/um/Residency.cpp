@@ -1007,6 +1007,24 @@ std::vector<Residency::Run> Residency::hostRuns(uintptr_t addr, uint64_t size) c
   return runs;
 }
 
+std::vector<Residency::Run> Residency::gaps(
+    const std::vector<Run>& runs,
+    uint64_t size,
+    uint64_t most) {
+  std::vector<Run> pieces;
+  uint64_t at = 0;
+  for (size_t i = 0; i <= runs.size(); ++i) {
+    const uint64_t end = i < runs.size() ? runs[i].offset : size;
+    for (; at < end; at += std::min(most, end - at)) {
+      pieces.push_back(Run{at, std::min(most, end - at)});
+    }
+    if (i < runs.size()) {
+      at = runs[i].offset + runs[i].bytes;
+    }
+  }
+  return pieces;
+}
+
 uint32_t Residency::liveBytesAt(uintptr_t addr) const {
   const Segment* seg = find(addr);
   return seg ? seg->chunks[(addr - seg->base) / kChunkBytes].live : 0;

@@ -487,6 +487,11 @@ class Residency {
     uint64_t bytes = 0;
   };
   std::vector<Run> hostRuns(uintptr_t addr, uint64_t size) const;
+  // The parts of [0, size) outside `runs` (sorted, apart, as hostRuns gives
+  // them), cut into pieces of at most `most` bytes: the bytes of such a copy
+  // that are not the CPU's (Note [Pageable bytes on the device go through
+  // page-locked buffers], HostCopy.cpp).
+  static std::vector<Run> gaps(const std::vector<Run>& runs, uint64_t size, uint64_t most);
 
  private:
   struct Segment;
