@@ -298,6 +298,9 @@ def test_pageable_copies_past_the_budget_leave_host_ram_to_the_cpu(
     assert counts() == c1  # page-locked: the driver's
     assert torch.equal(dev, by_driver)
     del by_driver
+    # About 0.1 s of GPU time queued ahead of the mul_: a CPU part that did not wait for the
+    # stream would read dev before it is doubled.
+    torch.cuda._sleep(200_000_000)
     dev.mul_(2)  # queued just before the copy back: the CPU's part must see it
     back = dev.cpu()  # device to host, into fresh pageable memory
     c2 = counts()

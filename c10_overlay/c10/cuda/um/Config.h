@@ -105,9 +105,9 @@ struct Config {
   double host_copy_cpu_share = 0.35;
   // A copy between pageable memory (torch's ordinary CPU tensors) and an
   // engine segment whose chunks lie in host RAM past the device budget copies
-  // those chunks' bytes by CPU threads, in place, and only the rest by the
-  // driver (Note [Copies of pageable memory past the budget], HostCopy.h). On
-  // by default; the injection path only.
+  // those chunks' bytes by CPU threads, in place, and the rest through the
+  // engine's page-locked buffers (Note [Copies of pageable memory past the
+  // budget], HostCopy.h). On by default; the injection path only.
   bool pageable_copy_cpu = true;
   // DataLoader pin_memory=True page-locks each batch tensor of at least
   // host_alloc_min bytes where it lies (cudaHostRegister) instead of copying

@@ -217,11 +217,25 @@ constexpr auto kRelaxed = std::memory_order_relaxed;
 // than the driver's copy.
 constexpr size_t kKernelCopyMinBytes = size_t{1} << 20;
 
+// The kinds of copy the engine takes: host-to-device and device-to-host.
+bool hostAndDevice(cudaMemcpyKind kind) {
+  return kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost;
+}
+
+// Whether a copy on `stream` must go to the driver as it is: no advice and
+// no host wait while any stream captures (a capture in global mode forbids
+// them on every thread), nor on a capturing stream.
+bool underCapture(const Engine& engine, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  return engine.capturesUnderway() || cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone;
+}
+
 // Whether a cudaMemcpyAsync's arguments are of a kind the kernel takes, its
 // host side not yet checked: host-to-device or device-to-host, at least
 // kKernelCopyMinBytes, source and destination aligned alike modulo 16.
 bool kernelCopyShape(const void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
-  if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost) {
+  if (!hostAndDevice(kind)) {
     return false;
   }
   const auto d = reinterpret_cast<uintptr_t>(dst);
@@ -247,19 +261,14 @@ size_t cpuPart(size_t count, uint64_t host_tail, double share) {
   return part >= kCpuPartMinBytes / 4 ? part : 0;
 }
 
-// memcpy from up to kCpuCopyThreads threads, the calling one included.
-void copyOnCpu(char* dst, const char* src, size_t size) {
-  onParts(size, kCpuPartMinBytes / 4, kCpuCopyThreads, [&](size_t lo, size_t hi) {
-    std::memcpy(dst + lo, src + lo, hi - lo);
-  });
-}
-
 // Note [Copies of pageable memory past the budget]: the smallest copy taken,
 // and the fewest bytes of it in host RAM.
 constexpr size_t kPageableMinBytes = size_t{1} << 20;
 
 // memcpy of the bytes of `runs` (offsets into both buffers) from up to
 // kCpuCopyThreads threads, the calling one included; `total` is their sum.
+// The CPU's part of a kernel copy is one run (Note [Copies shared with the
+// CPU]), of a pageable copy the GPU side's runs in host RAM.
 void copyRunsOnCpu(
     char* dst,
     const char* src,
@@ -472,11 +481,7 @@ bool copyByKernel(
   if (!range.managed) {
     return false;
   }
-  // No advice and no stream wait while any stream captures (a capture in
-  // global mode forbids them on every thread), nor on a capturing stream.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (engine.capturesUnderway() || cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-      capture != cudaStreamCaptureStatusNone) {
+  if (underCapture(engine, stream)) {
     return false;
   }
   std::string why;
@@ -508,7 +513,8 @@ bool copyByKernel(
     return false; // nothing was queued
   }
   if (cpu > 0) {
-    copyOnCpu(static_cast<char*>(dst) + bytes, static_cast<const char*>(src) + bytes, cpu);
+    copyRunsOnCpu(
+        static_cast<char*>(dst), static_cast<const char*>(src), {Residency::Run{bytes, cpu}}, cpu);
     counters().cpu_bytes.fetch_add(cpu, kRelaxed);
   }
   counters().copies.fetch_add(1, kRelaxed);
@@ -527,12 +533,11 @@ bool copyPageable(
     cudaStream_t stream,
     MemcpyAsyncFn driver,
     cudaError_t* result) {
-  if ((kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost) ||
-      count < kPageableMinBytes || driver == nullptr) {
+  if (!hostAndDevice(kind) || count < kPageableMinBytes || driver == nullptr) {
     return false;
   }
   Engine& engine = Engine::get();
-  if (!engine.pageableCopies() || engine.capturesUnderway()) {
+  if (!engine.pageableCopies()) {
     return false;
   }
   const bool to_device = kind == cudaMemcpyHostToDevice;
@@ -544,9 +549,7 @@ bool copyPageable(
   if (cpu < kPageableMinBytes || !pageable(to_device ? src : dst)) {
     return false;
   }
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-      capture != cudaStreamCaptureStatusNone) {
+  if (underCapture(engine, stream)) {
     return false;
   }
   // The work queued before the copy first, as the driver's copy would wait

@@ -972,19 +972,6 @@ Residency::Placement Residency::placement(uintptr_t addr, uint64_t size) const {
   return p;
 }
 
-uint64_t Residency::hostTail(uintptr_t addr, uint64_t size) const {
-  const Segment* seg = find(addr);
-  if (seg == nullptr || size == 0 || size > seg->base + seg->size - addr) {
-    return 0;
-  }
-  const auto [hi, first, last] = seg->span(addr, size);
-  size_t i = last;
-  while (i > first && seg->chunks[i - 1].where == Where::Host) {
-    --i;
-  }
-  return i == last ? 0 : hi - std::max(addr, seg->chunkAddr(i));
-}
-
 std::vector<Residency::Run> Residency::hostRuns(uintptr_t addr, uint64_t size) const {
   std::vector<Run> runs;
   const Segment* seg = find(addr);
@@ -1005,6 +992,11 @@ std::vector<Residency::Run> Residency::hostRuns(uintptr_t addr, uint64_t size) c
     }
   }
   return runs;
+}
+
+uint64_t Residency::hostTail(uintptr_t addr, uint64_t size) const {
+  const std::vector<Run> runs = hostRuns(addr, size);
+  return !runs.empty() && runs.back().offset + runs.back().bytes == size ? runs.back().bytes : 0;
 }
 
 std::vector<Residency::Run> Residency::gaps(

@@ -476,7 +476,8 @@ class Residency {
   // The bytes at the end of [addr, addr+size) that lie in chunks placed in
   // host RAM, all in one segment: the part a CPU can copy in place (Note
   // [Copies shared with the CPU], HostCopy.h). 0 if the range's last byte is
-  // not in host RAM or not in the segment holding addr.
+  // not in host RAM or not in the segment holding addr. The last of hostRuns'
+  // runs where it reaches the range's end.
   uint64_t hostTail(uintptr_t addr, uint64_t size) const;
   // The parts of [addr, addr+size) that lie in chunks placed in host RAM, as
   // (offset from addr, bytes), in address order, neighbours joined: what
