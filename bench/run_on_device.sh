@@ -48,12 +48,12 @@ run() {
   local bench=$1
   shift
   case "$bench" in
-    step_time | oversubscribe | residency | host_memory) ;;
-    *) echo "bench/run_on_device.sh: unknown benchmark '$bench' (step_time, oversubscribe, residency, host_memory)" >&2; exit 2 ;;
+    step_time | oversubscribe | residency | host_memory | classes) ;;
+    *) echo "bench/run_on_device.sh: unknown benchmark '$bench' (step_time, oversubscribe, residency, host_memory, classes)" >&2; exit 2 ;;
   esac
   local log=$bench
-  # residency takes its workload (train, infer, generate, ddp) first: one log each.
-  if [ "$bench" = residency ] && [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then log="$bench-$1"; fi
+  # residency and classes take their workload first: one log each.
+  if { [ "$bench" = residency ] || [ "$bench" = classes ]; } && [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then log="$bench-$1"; fi
   # host_memory: one log per --scenarios selection.
   if [ "$bench" = host_memory ]; then
     local prev=""
@@ -63,7 +63,7 @@ run() {
     done
   fi
   local extra=()
-  case "$bench" in residency | oversubscribe | step_time) extra=("${PREV_ARGS[@]}") ;; esac
+  case "$bench" in residency | oversubscribe | step_time | classes) extra=("${PREV_ARGS[@]}") ;; esac
   echo "== bench.$bench $*"
   owned "$OUT/$log.log" "$PY" -m "bench.$bench" --stock-pythonpath "$STOCK" \
     --um-pythonpath "$UM" --out "$OUT" "${extra[@]}" "$@"

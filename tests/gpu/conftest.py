@@ -126,6 +126,8 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         host_copy_cpu_share=0.35,
         pageable_copy_cpu=True,
         pin_in_place=False,
+        op_signal=True,
+        op_lookahead="1GiB",
     )
     torch.cuda.set_per_process_memory_fraction(1.0)
 

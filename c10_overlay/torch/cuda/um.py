@@ -157,6 +157,15 @@ class _Stats(ctypes.Structure):
             "pageable_copies",
             "pageable_cpu_bytes",
             "pageable_staged_bytes",
+            "op_signal_installed",
+            "op_signal_installs",
+            "op_calls",
+            "op_touch_bytes",
+            "op_ahead_ranges",
+            "op_ahead_bytes",
+            "op_matches",
+            "op_paths",
+            "op_signal_ns",
         )
     ]
 
@@ -222,6 +231,7 @@ def _bind(lib: ctypes.CDLL) -> None:
         "torch_um_copy_function": (c.c_void_p, [c.c_int, c.c_char_p, c.c_size_t]),
         "torch_um_alias": (c.c_void_p, [c.c_void_p, c.c_int, c.c_char_p, c.c_size_t]),
         "torch_um_pin_alias": (c.c_void_p, [c.c_void_p, c.c_char_p, c.c_size_t]),
+        "torch_um_op_signal": (c.c_int, [c.c_int, c.c_char_p, c.c_size_t]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -336,6 +346,8 @@ def configure(
     policy: str | None = None,
     discard: bool | None = None,
     hooks: bool | None = None,
+    op_signal: bool | None = None,
+    op_lookahead: Size | None = None,
     predict: bool | None = None,
     predict_lookahead: Size | None = None,
     predict_copy_sms: int | str | None = None,
@@ -385,6 +397,7 @@ def configure(
         ("prefetch", prefetch),
         ("discard", discard),
         ("hooks", hooks),
+        ("op_signal", op_signal),
         ("predict", predict),
         ("predict_ddp_buckets", predict_ddp_buckets),
         ("read_copies", read_copies),
@@ -407,8 +420,7 @@ def configure(
     if predict_copy_sms is not None:
         if isinstance(predict_copy_sms, bool) or not isinstance(predict_copy_sms, (int, str)):
             raise TypeError(
-                "predict_copy_sms must be 'auto' or an int, "
-                f"got {type(predict_copy_sms).__name__}"
+                f"predict_copy_sms must be 'auto' or an int, got {type(predict_copy_sms).__name__}"
             )
         parts.append(f"predict_copy_sms:{predict_copy_sms}")
     for key, size in (
@@ -417,6 +429,7 @@ def configure(
         ("host_headroom", host_headroom),
         ("host_alloc_min", host_alloc_min),
         ("predict_lookahead", predict_lookahead),
+        ("op_lookahead", op_lookahead),
     ):
         if size is not None:
             parts.append(f"{key}:{_size(size, key)}")
@@ -1293,8 +1306,10 @@ def _prefer_registration() -> bool:
     from torch.cuda import _um_pinned
 
     def setter(settings: str) -> None:
-        for name in ("_accelerator_setAllocatorSettings",  # 2.9 on
-                     "_cuda_cudaCachingAllocator_set_allocator_settings"):
+        for name in (
+            "_accelerator_setAllocatorSettings",  # 2.9 on
+            "_cuda_cudaCachingAllocator_set_allocator_settings",
+        ):
             if hasattr(torch._C, name):
                 getattr(torch._C, name)(settings)
                 return
@@ -1363,8 +1378,9 @@ def _workspace_finder() -> Any:
             gemms=(_probe_cublas, _probe_cublaslt),
             clear=torch._C._cuda_clearCublasWorkspaces,
             hold=lambda ptr, size, dev: _touch([(ptr, size, dev)], _TOUCH_HOLD),
-            capturing=lambda: torch.compiler.is_compiling()
-            or torch.cuda.is_current_stream_capturing(),
+            capturing=lambda: (
+                torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()
+            ),
             budget=_current_budget,
         )
     return _workspaces
@@ -1553,6 +1569,42 @@ def _hooks_wanted() -> bool:
     return cfg.get("policy") == "lru" and cfg.get("hooks") == "True" and is_enabled()
 
 
+# ---- use signals: every operator (Note [Operator use signals] in OpSignal.h) -----------
+#
+# The engine's own observer of ATen operators: installed by the pressure watcher while a
+# device is near its budget (the setting op_signal), removed when none is, so that a job
+# that fits never boxes an operator's arguments for it. Where it cannot be installed
+# (torch's observer functions not found), one warning, and the engine goes on with the
+# module hooks and unified memory's faults.
+
+_op_signal_on = False
+_op_signal_error: str | None = None
+
+
+def _op_signal_wanted() -> bool:
+    cfg = get_config()
+    return cfg.get("policy") == "lru" and cfg.get("op_signal") == "True" and is_enabled()
+
+
+def _sync_op_signal() -> None:
+    """Install the operator observer or take it off, as the pressure and the settings
+    want now (the watcher's poll)."""
+    global _op_signal_on, _op_signal_error
+    lib = _lib
+    if lib is None or _op_signal_error is not None:
+        return
+    with _hooks_lock:
+        wanted = bool(lib.torch_um_under_pressure()) and _op_signal_wanted()
+        if wanted == _op_signal_on:
+            return
+        err = ctypes.create_string_buffer(_ERRLEN)
+        if int(lib.torch_um_op_signal(int(wanted), err, _ERRLEN)) != 0:
+            _op_signal_error = err.value.decode(errors="replace")
+            warnings.warn(f"torch.cuda.um: {_op_signal_error}; running without it", stacklevel=1)
+            return
+        _op_signal_on = wanted
+
+
 # Note [The pressure watcher stops before the interpreter finalises]
 # The watcher is a daemon thread, and removing the hooks frees tensors on it (the weight
 # streamer's rings). Freeing a tensor releases the GIL inside torch's C++ code. A daemon
@@ -1582,6 +1634,7 @@ def _watch_pressure() -> None:
 
     def watch() -> None:
         while not _watch_stop.wait(0.1):
+            _sync_op_signal()
             if not _sync_hooks():
                 return
 

@@ -7,6 +7,7 @@
 #include <c10/cuda/um/CudaCompat.h>
 #include <c10/cuda/um/HostAllocator.h>
 #include <c10/cuda/um/HostCopy.h>
+#include <c10/cuda/um/OpSignal.h>
 #include <c10/cuda/um/Policies.h>
 #include <c10/cuda/um/ErrorText.h>
 #include <c10/cuda/um/UnifiedMemory.h>
@@ -17,6 +18,8 @@
 #include <string>
 
 using c10::cuda::um::Engine;
+using c10::cuda::um::OpSignal;
+using c10::cuda::um::OpSignalCounters;
 using c10::cuda::um::Residency;
 using c10::cuda::um::Where;
 
@@ -273,6 +276,16 @@ TORCH_UM_API int torch_um_get_stats(int device, TorchUmStats* out) {
   }
   try {
     TorchUmStats s = Engine::get().stats(static_cast<c10::DeviceIndex>(device));
+    const OpSignalCounters op = OpSignal::get().counters();
+    s.op_signal_installed = op.installed;
+    s.op_signal_installs = op.installs;
+    s.op_calls = op.ops;
+    s.op_touch_bytes = op.touch_bytes;
+    s.op_ahead_ranges = op.ahead_ranges;
+    s.op_ahead_bytes = op.ahead_bytes;
+    s.op_matches = op.matches;
+    s.op_paths = op.paths;
+    s.op_signal_ns = op.nanoseconds;
     size_t n = std::min<size_t>(out->struct_size, sizeof(TorchUmStats));
     uint64_t caller_size = out->struct_size;
     std::memcpy(out, &s, n);
@@ -368,6 +381,22 @@ TORCH_UM_API long long torch_um_touch(
         (flags & TORCH_UM_TOUCH_HOLD) != 0));
   } catch (...) {
     return -1;
+  }
+}
+
+TORCH_UM_API int torch_um_op_signal(int on, char* err, size_t errlen) {
+  try {
+    if (on == 0) {
+      OpSignal::get().remove();
+      return 0;
+    }
+    std::string why;
+    if (OpSignal::get().install(why)) {
+      return 0;
+    }
+    return fail(err, errlen, "the operator use signal could not be installed: " + why);
+  } catch (const std::exception& e) {
+    return fail(err, errlen, e.what());
   }
 }
 

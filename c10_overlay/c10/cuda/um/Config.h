@@ -52,6 +52,13 @@ struct Config {
   // predict_lookahead bounds the bytes brought back ahead of their use.
   bool predict = true;
   uint64_t predict_lookahead = 1ull << 30;
+  // While a device is near its budget, every ATen operator's managed inputs
+  // are brought to the device before its kernels run, and the storages the
+  // learned order of use predicts next are brought in ahead of them, at most
+  // op_lookahead bytes in flight (and a quarter of the budget): Notes
+  // [Operator use signals] (OpSignal.h) and [Learned lookahead] (Lookahead.h).
+  bool op_signal = true;
+  uint64_t op_lookahead = 1ull << 30;
   // The most SMs the weight streamer's copies (Note [Weight streaming]) hold:
   // a copy kernel holds its SMs while it waits on the link, and the forward's
   // kernels beside it keep the rest. With foreach, the copies run on a stream

@@ -135,7 +135,8 @@ bool Engine::move(
     bool any_policy,
     uint64_t* moved,
     bool read_only,
-    bool hold) {
+    bool hold,
+    bool live_only) {
   std::vector<Action> actions;
   uint64_t ticket = 0;
   {
@@ -144,6 +145,9 @@ bool Engine::move(
     const int device = residency_.deviceOf(addr);
     if (device < 0) {
       return false;
+    }
+    if (live_only && residency_.liveBytesAt(addr) == 0) {
+      return true;
     }
     const DeviceLimits lim = limits(device, false);
     if (location == compat::kHost) {
@@ -176,6 +180,37 @@ uint64_t Engine::touch(
   uint64_t moved = 0;
   move(ptr, size, device, stream, /*any_policy=*/false, &moved, read_only, hold);
   return moved;
+}
+
+bool Engine::touchForOp(
+    const void* ptr,
+    size_t size,
+    int device,
+    cudaStream_t stream,
+    uint64_t* moved) {
+  *moved = 0;
+  return move(ptr, size, device, stream, /*any_policy=*/false, moved);
+}
+
+uint64_t Engine::touchAhead(
+    const void* ptr,
+    size_t size,
+    int device,
+    cudaStream_t stream) {
+  uint64_t moved = 0;
+  move(ptr, size, device, stream, /*any_policy=*/false, &moved, false, false,
+       /*live_only=*/true);
+  return moved;
+}
+
+uint64_t Engine::lookaheadBytes(int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (device < 0 || static_cast<size_t>(device) >= devices_.size() ||
+      !devices_[device].probed) {
+    return 0;
+  }
+  const uint64_t budget = cfg_.device_budget.resolve(devices_[device].total_bytes);
+  return std::min<uint64_t>(cfg_.op_lookahead, budget / 4);
 }
 
 uint64_t Engine::forget(const void* ptr, size_t size) {

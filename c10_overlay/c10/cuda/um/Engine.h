@@ -82,6 +82,25 @@ class Engine {
       cudaStream_t stream,
       bool read_only = false,
       bool hold = false);
+  // Note [Operator use signals] (OpSignal.h): an operator is about to use
+  // [ptr, ptr+size) on `device`, its kernels queued on `stream`. As touch;
+  // false when the range is not an engine segment. `moved`: bytes asked to
+  // move.
+  bool touchForOp(
+      const void* ptr,
+      size_t size,
+      int device,
+      cudaStream_t stream,
+      uint64_t* moved);
+  // Note [Learned lookahead] (Lookahead.h): [ptr, ptr+size) is predicted to
+  // be used soon; touched on `stream` (the signal's own) if the chunk at ptr
+  // holds live bytes (dead content is placed by the allocation that revives
+  // it, Note [Event inlet]). Returns the bytes asked to move.
+  uint64_t touchAhead(const void* ptr, size_t size, int device, cudaStream_t stream);
+  // The bytes the learned lookahead may have in flight on `device`: the
+  // op_lookahead setting, at most a quarter of the device budget; 0 when the
+  // device is not known yet.
+  uint64_t lookaheadBytes(int device) const;
   // Note [Forgotten content] (Residency.h): the content of live
   // [ptr, ptr+size) is dead until its next touch. Policy lru only (elsewhere
   // no touch ends it); memory that is not an engine segment is ignored.
@@ -208,7 +227,8 @@ class Engine {
       bool any_policy,
       uint64_t* moved,
       bool read_only = false,
-      bool hold = false);
+      bool hold = false,
+      bool live_only = false);
 
   mutable std::mutex mu_;
   Config cfg_;

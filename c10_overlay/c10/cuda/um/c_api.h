@@ -116,6 +116,21 @@ typedef struct TorchUmStats {
   /* Note [Pageable bytes on the device go through page-locked buffers]
    * (HostCopy.cpp): the other bytes of those copies that went that way. */
   uint64_t pageable_staged_bytes;
+  /* Note [Operator use signals] (OpSignal.h) and [Learned lookahead]
+   * (Lookahead.h), process-wide: 1 while the operator observer is installed,
+   * the times it was installed, operators seen with a managed CUDA input, the
+   * bytes their touches asked to move, ranges touched ahead of their predicted
+   * use and the bytes those asked to move, uses found in the learned order,
+   * predictions started, and the observer's host nanoseconds. */
+  uint64_t op_signal_installed;
+  uint64_t op_signal_installs;
+  uint64_t op_calls;
+  uint64_t op_touch_bytes;
+  uint64_t op_ahead_ranges;
+  uint64_t op_ahead_bytes;
+  uint64_t op_matches;
+  uint64_t op_paths;
+  uint64_t op_signal_ns;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
@@ -274,6 +289,13 @@ TORCH_UM_API void* torch_um_alias(
  * current device's queued work, unregisters the range and releases the
  * storage. Returns NULL with a message in err. */
 TORCH_UM_API void* torch_um_pin_alias(void* storage_impl, char* err, size_t errlen);
+
+/* Note [Operator use signals] (OpSignal.h): on != 0 installs the ATen
+ * operator observer that reports every operator's managed inputs to the
+ * engine (idempotent), 0 removes it. torch.cuda.um's pressure watcher calls
+ * it as a device comes near its budget and leaves it. Returns 0, or -1 with
+ * why in err (torch's observer functions not found). */
+TORCH_UM_API int torch_um_op_signal(int on, char* err, size_t errlen);
 
 /* Source path: attach the engine to the caching allocator's block events
  * (its trace tracker). Call once CUDA is initialised; the injection path

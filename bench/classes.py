@@ -1,0 +1,340 @@
+"""Programs that no module hook describes, past the device budget (issue 55's classes):
+each step's time from the first, by stock torch in memory, the previous engine and this
+one, with the PCIe floor measured in the same run.
+
+    python -m bench.classes {train-plain,train-custom-opt,pattern-change}
+        --stock-pythonpath STOCK --um-pythonpath UM [--prev-pythonpath PREV]
+        [--rounds 1] [--steps 8] [--budget SIZE] [--modes a,b,...] [--out DIR]
+
+``train-plain``: plain tensors, no ``nn.Module``, no ``torch.optim``: LAYERS weights of
+WIDTH x WIDTH in bf16, a forward of (x @ W_i).relu() through them on a WIDTH x WIDTH
+batch, autograd, and a momentum update written by hand. Peak about 10.4 GiB; budget
+6 GiB by default.
+
+``train-custom-opt``: the same layers as ``nn.Linear`` modules in an ``nn.Sequential``
+trained by a Lion-style update written by hand (not a ``torch.optim`` class).
+
+``pattern-change``: ``train-plain`` steps, then ``no_grad`` forwards on a batch of half
+the rows, then training again: each step's time shows how the engine follows a pattern
+that changes and comes back.
+
+Modes:
+  stock        stock torch, in memory, no limit (the floor's compute part and the outputs)
+  um-prev      the previous engine (--prev-pythonpath) at the budget, its own defaults
+  um           this engine at the budget, its defaults (the operator use signal on)
+  um-nosignal  this engine at the budget with op_signal:False: what the signal adds
+
+Every UM worker caps total managed memory at 80 % of the free memory it reads at start
+(bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
+budget (stock's peak less the budget) out and back over the link measured in the run
+(page-locked copies, the slower direction). The record: ``bench/results/<class>-<gpu>-
+<date>.json`` with the ``summary`` block (floor, each mode's steady step, its ratio to the
+floor, its second and third step over its steady step) and ``steps`` (every step's seconds,
+per mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import common
+
+CLASSES = ("train-plain", "train-custom-opt", "pattern-change")
+MODES = ("stock", "um-prev", "um", "um-nosignal")
+PREV = "um-prev"
+UM_CONF = {"um-prev": "", "um": "", "um-nosignal": "op_signal:False"}
+LAYERS = 24
+WIDTH = 8192
+DEFAULT_BUDGET = "6GiB"
+SEED = 1234
+
+
+def parse_size(text: str) -> int:
+    from bench.residency import parse_size as parse
+
+    return parse(text)
+
+
+# ---- the programs (run in the worker) -----------------------------------------------
+
+
+def _plain_params(torch: Any) -> tuple[list[Any], list[Any]]:
+    g = torch.Generator(device="cpu").manual_seed(SEED)
+    ws = []
+    for _ in range(LAYERS):
+        w = torch.randn(WIDTH, WIDTH, generator=g, dtype=torch.float32) / WIDTH**0.5
+        ws.append(w.to(device="cuda", dtype=torch.bfloat16).requires_grad_(True))
+    ms = [torch.zeros_like(w) for w in ws]
+    return ws, ms
+
+
+def _batch(torch: Any, rows: int, step: int) -> Any:
+    g = torch.Generator(device="cpu").manual_seed(SEED + step)
+    return torch.randn(rows, WIDTH, generator=g, dtype=torch.float32).to("cuda", torch.bfloat16)
+
+
+def _plain_step(torch: Any, ws: list[Any], ms: list[Any], x: Any) -> float:
+    h = x
+    for w in ws:
+        h = (h @ w).relu()
+    loss = h.float().pow(2).mean()
+    loss.backward()
+    with torch.no_grad():
+        for w, m in zip(ws, ms, strict=True):
+            m.mul_(0.9).add_(w.grad)
+            w.sub_(m, alpha=1e-3)
+            w.grad = None
+    return float(loss.detach())
+
+
+def _plain_forward(torch: Any, ws: list[Any], x: Any) -> float:
+    with torch.no_grad():
+        h = x
+        for w in ws:
+            h = (h @ w).relu()
+        return float(h.float().sum())
+
+
+def _custom_opt_model(torch: Any) -> Any:
+    torch.manual_seed(SEED)
+    layers = []
+    for _ in range(LAYERS):
+        layers += [torch.nn.Linear(WIDTH, WIDTH, bias=False), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).to(dtype=torch.bfloat16)
+    return model.to("cuda")
+
+
+def _lion_step(torch: Any, params: list[Any], state: dict[int, Any]) -> None:
+    """Lion (Chen et al. 2023), written out: the update is the sign of an interpolation
+    of the momentum and the gradient; no torch.optim class is involved."""
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            m = state.setdefault(i, torch.zeros_like(p))
+            update = (m * 0.9 + p.grad * 0.1).sign_()
+            p.add_(update, alpha=-1e-4)
+            m.mul_(0.99).add_(p.grad, alpha=0.01)
+            p.grad = None
+
+
+def run_program(torch: Any, klass: str, steps: int, rows: int) -> tuple[list[float], list[float]]:
+    """(each step's seconds, each step's output); the phases of pattern-change are
+    steps // 2 training steps, steps // 4 forwards of half the rows, the rest training."""
+    times: list[float] = []
+    outs: list[float] = []
+
+    def timed(fn: Any) -> None:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        outs.append(out)
+
+    if klass == "train-custom-opt":
+        model = _custom_opt_model(torch)
+        params = list(model.parameters())
+        state: dict[int, Any] = {}
+
+        def custom(step: int) -> float:
+            loss = model(_batch(torch, rows, step)).float().pow(2).mean()
+            loss.backward()
+            _lion_step(torch, params, state)
+            return float(loss.detach())
+
+        for s in range(steps):
+            timed(lambda s=s: custom(s))
+        return times, outs
+    ws, ms = _plain_params(torch)
+    if klass == "train-plain":
+        for s in range(steps):
+            timed(lambda s=s: _plain_step(torch, ws, ms, _batch(torch, rows, s)))
+        return times, outs
+    train1 = steps // 2
+    infer = steps // 4
+    for s in range(steps):
+        if train1 <= s < train1 + infer:
+            timed(lambda s=s: _plain_forward(torch, ws, _batch(torch, rows // 2, s)))
+        else:
+            timed(lambda s=s: _plain_step(torch, ws, ms, _batch(torch, rows, s)))
+    return times, outs
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    torch = importlib.import_module("torch")
+    base: dict[str, Any] = {"mode": args.mode, "class": args.klass}
+    if args.mode == "link":
+        from bench.residency import _link_worker
+
+        return {**base, **_link_worker(torch), "machine": common.machine(torch)}
+    um = common.um_module(torch, args.mode)
+    if um is not None:
+        _free, _total, cap = common.safe_cap(torch)
+        conf = f"max_managed:{cap},device_budget:{args.budget}"
+        if UM_CONF[args.mode]:
+            conf += "," + UM_CONF[args.mode]
+        um.configure(conf)
+        base["conf"] = um.get_config()
+    torch.cuda.reset_peak_memory_stats()
+    before = um.stats() if um is not None else {}
+    times, outs = run_program(torch, args.klass, args.steps, WIDTH)
+    base.update(
+        steps=times,
+        outputs=outs,
+        peak_allocated=int(torch.cuda.max_memory_allocated()),
+        torch=torch.__version__,
+    )
+    if um is not None:
+        after = um.stats()
+        keys = [k for k in after if isinstance(after[k], int)]
+        base["counters"] = {k: after[k] - before.get(k, 0) for k in keys}
+    return base
+
+
+# ---- the orchestrator ----------------------------------------------------------------
+
+
+def steady(steps: list[float]) -> float | None:
+    """The steady step: the median of the second half of the steps."""
+    if not steps:
+        return None
+    return statistics.median(steps[len(steps) // 2 :])
+
+
+def summarize(samples: list[dict[str, Any]], budget: int, klass: str) -> dict[str, Any]:
+    link = next((s for s in samples if s.get("mode") == "link" and "error" not in s), None)
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for s in samples:
+        if s.get("mode") != "link":
+            by_mode.setdefault(s["mode"], []).append(s)
+    stock = next((s for s in by_mode.get("stock", []) if "error" not in s), None)
+    floor = None
+    if stock is not None and link is not None:
+        over = max(0, stock["peak_allocated"] - budget)
+        rate = min(link["h2d_bytes_per_s"], link["d2h_bytes_per_s"])
+        stock_s = steady(stock["steps"])
+        floor = max(stock_s or 0.0, 2 * over / rate)
+    modes: dict[str, Any] = {}
+    for mode, runs in by_mode.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            modes[mode] = {"error": runs[0].get("error", "failed")}
+            continue
+        steps = ok[0]["steps"]
+        st = steady(steps)
+        entry: dict[str, Any] = {"steady_s": st, "first_s": steps[0]}
+        if st and len(steps) >= 3:
+            entry["second_over_steady"] = steps[1] / st
+            entry["third_over_steady"] = steps[2] / st
+        if floor and st:
+            entry["over_floor"] = st / floor
+        if stock is not None:
+            ref = stock["outputs"]
+            got = ok[0]["outputs"]
+            entry["outputs_equal"] = ref == got
+            entry["max_abs_output_diff"] = max(
+                (abs(a - b) for a, b in zip(ref, got, strict=False)), default=None
+            )
+        modes[mode] = entry
+    return {
+        "class": klass,
+        "budget_bytes": budget,
+        "floor_s": floor,
+        "link": link,
+        "modes": modes,
+    }
+
+
+def table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"{summary['class']}: floor {common.cell(summary['floor_s'], '.4f')} s",
+        f"{'mode':14s}{'steady s':>10s}{'first s':>10s}{'x floor':>9s}{'2nd/st':>8s}"
+        f"{'3rd/st':>8s}  outputs",
+    ]
+    for mode, e in summary["modes"].items():
+        if "error" in e:
+            lines.append(f"{mode:14s}  error: {common.last_line(str(e['error']))}")
+            continue
+        same = e.get("outputs_equal")
+        lines.append(
+            f"{mode:14s}{common.cell(e['steady_s'], '.4f'):>10s}"
+            f"{common.cell(e['first_s'], '.3f'):>10s}"
+            f"{common.cell(e.get('over_floor'), '.2f'):>9s}"
+            f"{common.cell(e.get('second_over_steady'), '.2f'):>8s}"
+            f"{common.cell(e.get('third_over_steady'), '.2f'):>8s}  "
+            f"{'equal' if same else ('differ ' + str(e.get('max_abs_output_diff')))}"
+        )
+    return "\n".join(lines)
+
+
+def describe(r: dict[str, Any]) -> str:
+    """One line per finished worker."""
+    line: dict[str, Any] = {k: r[k] for k in ("mode", "error") if r.get(k) is not None}
+    if "steps" in r:
+        line["steps"] = [round(t, 4) for t in r["steps"]]
+    return json.dumps(line)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.classes", description=__doc__.split("\n")[0])
+    p.add_argument("klass", choices=CLASSES, metavar="class")
+    p.add_argument("--stock-pythonpath", default=None)
+    p.add_argument("--um-pythonpath", default=None)
+    p.add_argument("--prev-pythonpath", default=None)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--budget", default=DEFAULT_BUDGET)
+    p.add_argument("--modes", default=None)
+    p.add_argument("--out", default=None)
+    p.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # a worker's
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        try:
+            common.emit(worker(args))
+        except Exception:  # the orchestrator reports it
+            common.emit({"mode": args.mode, "error": common.error_text()})
+        return 0
+    if args.steps < 4:
+        raise common.BenchError("--steps must be at least 4 (first, second, third, steady)")
+    budget = parse_size(args.budget)
+    modes = [m for m in (args.modes.split(",") if args.modes else MODES) if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise common.BenchError(f"unknown mode(s) {', '.join(bad)}: choose from {', '.join(MODES)}")
+    if PREV in modes and not args.prev_pythonpath:
+        modes.remove(PREV)
+    paths = {
+        "stock": args.stock_pythonpath,
+        "link": args.stock_pythonpath,
+        PREV: args.prev_pythonpath,
+        "um": args.um_pythonpath,
+        "um-nosignal": args.um_pythonpath,
+    }
+    worker_args = [args.klass, "--steps", str(args.steps), "--budget", args.budget]
+    cases = [(m, worker_args) for m in ("link", *modes)]
+    samples = common.run_rounds("bench.classes", cases, args.rounds, paths, describe, timeout=900)
+    summary = summarize(samples, budget, args.klass)
+    print(table(summary))
+    steps = {s["mode"]: s["steps"] for s in samples if "steps" in s}
+    link = next((s for s in samples if s.get("mode") == "link" and "machine" in s), None)
+    record = {
+        "machine": link["machine"] if link else {"gpu": "unknown"},
+        "summary": summary,
+        "steps": steps,
+        "samples": samples,
+        "command": common.command_line("bench.classes"),
+    }
+    out = Path(args.out) if args.out else None
+    path = common.write(args.klass, record, out)
+    print(f"record: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    common.run_main("bench.classes", main)

@@ -1,0 +1,136 @@
+// A learned order of use: which ranges a program is about to use next.
+//
+// Note [Learned lookahead]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Training and serving loops repeat: the operators of one step use the same
+// storages in the same order as the step before (weights, optimizer state,
+// and, because the caching allocator hands the same blocks to the same
+// requests, most activations too). The operator use signal (Note [Operator
+// use signals], OpSignal.h) reports each operator's storages, in the order
+// the operators run; this class keeps that order as a history and, as in
+// DeepUM's correlation prefetching (ASPLOS 2023) but at operator and storage
+// granularity, predicts the future from the past: when a range is used again,
+// the ranges that followed its last use are about to be used again, in that
+// order. The caller brings the predicted ranges in ahead of their use, up to
+// a number of bytes in flight (the lookahead), on a stream of its own.
+//
+// Nothing here needs an iteration boundary, a module or an optimizer: the
+// first repeat of any range starts a prediction, and a program whose pattern
+// changes (another shape, inference between training steps) stops matching
+// its history, which ends the prediction until the new pattern repeats. A
+// wrong prediction costs link time and device room, never data: a bring-in is
+// a prefetch, coherent with every access (Note [Executor: ordering]).
+//
+// The path: `cursor_` is the last history position already handed out along
+// the current prediction. A use that matches the position just after the
+// previous match (or anywhere up to the cursor) continues the path; any other
+// match starts a new one from that position. Bytes moved ahead are kept per
+// handed-out position and released once the program's own use reaches it, so
+// that what is in flight ahead stays under the lookahead.
+//
+// Pure C++ (no CUDA): tested on the CPU in tests/engine/lookahead_test.cpp.
+// Not thread-safe: the caller serialises use() per device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <unordered_map>
+#include <vector>
+
+namespace c10::cuda::um {
+
+class Lookahead {
+ public:
+  struct Range {
+    uintptr_t addr = 0;
+    uint64_t size = 0;
+    bool operator==(const Range& o) const {
+      return addr == o.addr && size == o.size;
+    }
+  };
+
+  // `capacity`: the history kept (positions); a loop longer than it in
+  // distinct uses is not predicted. `max_steps`: the most history positions
+  // one use() may hand out, which bounds its host time.
+  explicit Lookahead(size_t capacity = 1u << 16, size_t max_steps = 64);
+
+  // The operator about to run uses `ranges` (in argument order). Records
+  // them, then hands the ranges predicted to follow to `ahead`, in predicted
+  // order, while the bytes moved ahead and not yet used stay under
+  // `lookahead_bytes`. `ahead(range)` brings the range in and returns the
+  // bytes it asked to move (0 when it was on the device already).
+  template <class Ahead>
+  void use(const Range* ranges, size_t n, uint64_t lookahead_bytes, Ahead&& ahead) {
+    recorded_ = 0;
+    bool matched = false;
+    for (size_t i = 0; i < n; ++i) {
+      matched = record(ranges[i]) || matched;
+    }
+    if (!matched || lookahead_bytes == 0) {
+      return;
+    }
+    release(match_);
+    const uint64_t limit = pos_ - recorded_; // never predict into the present
+    size_t steps = 0;
+    for (uint64_t p = cursor_ + 1; in_flight_ < lookahead_bytes && steps < max_steps_ &&
+         p < limit && held(p);
+         ++p, ++steps) {
+      const uint64_t moved = ahead(at(p));
+      if (moved > 0) {
+        flight_.push_back({p, moved});
+        in_flight_ += moved;
+        counters_.ahead_bytes += moved;
+      }
+      counters_.ahead_ranges += 1;
+      cursor_ = p;
+    }
+  }
+
+  // Forgets the history and the path (a changed setting, a new device).
+  void reset();
+
+  struct Counters {
+    uint64_t uses = 0; // ranges recorded (consecutive repeats folded)
+    uint64_t matches = 0; // of which had been used before, still in the history
+    uint64_t paths = 0; // predictions started (a match off the current path)
+    uint64_t ahead_ranges = 0; // ranges handed to `ahead`
+    uint64_t ahead_bytes = 0; // bytes they asked to move
+  };
+  const Counters& counters() const {
+    return counters_;
+  }
+  uint64_t inFlight() const {
+    return in_flight_;
+  }
+
+ private:
+  // Records r; true if it matched an earlier use (then match_ and cursor_
+  // follow it).
+  bool record(const Range& r);
+  // Bytes handed out at positions up to `p` are now being used.
+  void release(uint64_t p);
+  bool held(uint64_t p) const {
+    return p < pos_ && pos_ - p <= hist_.size();
+  }
+  const Range& at(uint64_t p) const {
+    return hist_[p % hist_.size()];
+  }
+
+  std::vector<Range> hist_; // ring; position p at hist_[p % size]
+  uint64_t pos_ = 1; // next position; 0 means "none"
+  uint64_t recorded_ = 0; // positions the current use() recorded
+  std::unordered_map<uintptr_t, uint64_t> seen_; // addr -> last position
+  uint64_t match_ = 0; // history position the last match found
+  uint64_t cursor_ = 0; // last position handed out along the path
+  struct Flight {
+    uint64_t pos;
+    uint64_t bytes;
+  };
+  std::deque<Flight> flight_;
+  uint64_t in_flight_ = 0;
+  size_t max_steps_;
+  Counters counters_;
+};
+
+} // namespace c10::cuda::um

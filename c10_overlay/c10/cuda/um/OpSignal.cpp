@@ -1,0 +1,295 @@
+#include <c10/cuda/um/OpSignal.h>
+
+#include <ATen/record_function.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/um/Engine.h>
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <link.h>
+
+#include <chrono>
+#include <cstring>
+
+namespace c10::cuda::um {
+namespace {
+
+// Note [Reaching ATen's observers]
+using AddGlobalCallback = at::CallbackHandle (*)(at::RecordFunctionCallback);
+using RemoveCallback = void (*)(at::CallbackHandle);
+constexpr const char* kTorchCpu = "libtorch_cpu.so";
+constexpr const char* kAddName = "_ZN2at17addGlobalCallbackENS_22RecordFunctionCallbackE";
+constexpr const char* kRemoveName = "_ZN2at14removeCallbackEm";
+
+struct AtenObservers {
+  AddGlobalCallback add = nullptr;
+  RemoveCallback remove = nullptr;
+  std::string why; // set when either is missing
+};
+
+int findTorchCpu(struct dl_phdr_info* info, size_t, void* out) {
+  const char* name = info->dlpi_name;
+  const size_t n = name ? std::strlen(name) : 0;
+  const size_t k = std::strlen(kTorchCpu);
+  if (n >= k && std::strcmp(name + n - k, kTorchCpu) == 0) {
+    *static_cast<std::string*>(out) = name;
+    return 1;
+  }
+  return 0;
+}
+
+AtenObservers resolveObservers() {
+  AtenObservers o;
+  void* lib = dlopen(kTorchCpu, RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) {
+    std::string path;
+    dl_iterate_phdr(findTorchCpu, &path);
+    if (!path.empty()) {
+      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    }
+  }
+  if (lib == nullptr) {
+    o.why = "libtorch_cpu.so is not loaded in this process (import torch first)";
+    return o;
+  }
+  o.add = reinterpret_cast<AddGlobalCallback>(dlsym(lib, kAddName));
+  o.remove = reinterpret_cast<RemoveCallback>(dlsym(lib, kRemoveName));
+  // The handle stays open: the library is torch's own, loaded for good.
+  if (o.add == nullptr || o.remove == nullptr) {
+    o.why = std::string("libtorch_cpu.so does not export ") +
+        (o.add == nullptr ? "at::addGlobalCallback(RecordFunctionCallback)"
+                          : "at::removeCallback(CallbackHandle)") +
+        " as this engine was built to call it";
+    o.add = nullptr;
+    o.remove = nullptr;
+  }
+  return o;
+}
+
+const AtenObservers& observers() {
+  static const AtenObservers o = resolveObservers();
+  return o;
+}
+
+// Up to this many storages an operator are reported; the rest (a foreach op
+// over many tensors) are left to the faults.
+constexpr size_t kMaxRanges = 64;
+
+struct Gathered {
+  Lookahead::Range ranges[kMaxRanges];
+  size_t n = 0;
+  int device = -1;
+
+  void add(const at::Tensor& t) {
+    if (n == kMaxRanges || !t.defined() || !t.is_cuda() || !t.has_storage()) {
+      return;
+    }
+    const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
+    if (!storage) {
+      return; // a wrapper without storage of its own (functorch, nested)
+    }
+    const void* p = nullptr;
+    try {
+      p = storage.unsafeGetStorageImpl()->data(); // throws for fake or COW data
+    } catch (...) {
+      return;
+    }
+    const uint64_t size = storage.nbytes();
+    if (p == nullptr || size == 0) {
+      return;
+    }
+    const int dev = t.get_device();
+    if (device < 0) {
+      device = dev;
+    } else if (dev != device) {
+      return; // one device an operator: peer accesses are left to the faults
+    }
+    const Lookahead::Range r{reinterpret_cast<uintptr_t>(p), size};
+    for (size_t i = 0; i < n; ++i) {
+      if (ranges[i] == r) {
+        return;
+      }
+    }
+    ranges[n++] = r;
+  }
+};
+
+std::unique_ptr<at::ObserverContext> onOperator(const at::RecordFunction& fn) {
+  // Nothing may escape into the operator: a signal lost costs speed only.
+  try {
+    Gathered g;
+    for (const c10::IValue& v : fn.inputs()) {
+      if (v.isTensor()) {
+        g.add(v.toTensor());
+      } else if (v.isList()) {
+        for (const c10::IValue& e : v.toListRef()) {
+          if (e.isTensor()) {
+            g.add(e.toTensor());
+          }
+        }
+      }
+    }
+    if (g.n > 0) {
+      const auto stream = c10::cuda::getCurrentCUDAStream(
+          static_cast<c10::DeviceIndex>(g.device));
+      OpSignal::get().observe(g.device, stream.stream(), g.ranges, g.n);
+    }
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+} // namespace
+
+OpSignal& OpSignal::get() {
+  static OpSignal* s = new OpSignal(); // never destroyed: observers may run at exit
+  return *s;
+}
+
+bool OpSignal::install(std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (handle_.load() != 0) {
+    return true;
+  }
+  const AtenObservers& o = observers();
+  if (o.add == nullptr) {
+    why = o.why;
+    return false;
+  }
+  at::RecordFunctionCallback cb(&onOperator);
+  cb.needsInputs(true).scopes({at::RecordScope::FUNCTION});
+  const at::CallbackHandle h = o.add(cb);
+  if (h == 0) {
+    why = "at::addGlobalCallback returned no handle";
+    return false;
+  }
+  handle_.store(h, std::memory_order_release);
+  installs_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void OpSignal::remove() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t h = handle_.exchange(0);
+  if (h != 0 && observers().remove != nullptr) {
+    observers().remove(h);
+  }
+}
+
+void OpSignal::reset() {
+  for (auto& slot : devices_) {
+    if (Device* d = slot.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(d->mu);
+      d->order.reset();
+    }
+  }
+}
+
+OpSignal::Device& OpSignal::deviceState(int index) {
+  Device* d = devices_[index].load(std::memory_order_acquire);
+  if (d == nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    d = devices_[index].load();
+    if (d == nullptr) {
+      d = new Device();
+      devices_[index].store(d, std::memory_order_release);
+    }
+  }
+  return *d;
+}
+
+void* OpSignal::aheadStream(int index, Device& d) {
+  // Requires d.mu. A stream of the signal's own, so that bringing in the
+  // next operators' data never queues in front of this operator's kernels.
+  if (d.ahead_stream == nullptr) {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    cudaStream_t s = nullptr;
+    if (current != index && cudaSetDevice(index) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      cudaGetLastError();
+      s = nullptr;
+    }
+    if (current != index) {
+      cudaSetDevice(current);
+    }
+    d.ahead_stream = s;
+  }
+  return d.ahead_stream;
+}
+
+void OpSignal::observe(
+    int device,
+    void* stream,
+    const Lookahead::Range* ranges,
+    size_t n) {
+  if (device < 0 || device >= kDevices) {
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Engine& engine = Engine::get();
+  uint64_t moved = 0;
+  bool managed = false;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t m = 0;
+    if (engine.touchForOp(
+            reinterpret_cast<const void*>(ranges[i].addr), ranges[i].size, device,
+            static_cast<cudaStream_t>(stream), &m)) {
+      managed = true;
+      moved += m;
+    }
+  }
+  if (managed) {
+    ops_.fetch_add(1, std::memory_order_relaxed);
+    if (moved > 0) {
+      touch_bytes_.fetch_add(moved, std::memory_order_relaxed);
+    }
+    const uint64_t lookahead = engine.lookaheadBytes(device);
+    Device& d = deviceState(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    void* side = lookahead > 0 ? aheadStream(device, d) : nullptr;
+    const uint64_t before_ranges = d.order.counters().ahead_ranges;
+    const uint64_t before_bytes = d.order.counters().ahead_bytes;
+    d.order.use(ranges, n, side != nullptr ? lookahead : 0, [&](const Lookahead::Range& r) {
+      return engine.touchAhead(
+          reinterpret_cast<const void*>(r.addr), r.size, device,
+          static_cast<cudaStream_t>(side));
+    });
+    ahead_ranges_.fetch_add(
+        d.order.counters().ahead_ranges - before_ranges, std::memory_order_relaxed);
+    ahead_bytes_.fetch_add(
+        d.order.counters().ahead_bytes - before_bytes, std::memory_order_relaxed);
+  }
+  nanoseconds_.fetch_add(
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now() - t0)
+                                .count()),
+      std::memory_order_relaxed);
+}
+
+OpSignalCounters OpSignal::counters() const {
+  OpSignalCounters c;
+  c.installed = installed() ? 1 : 0;
+  c.installs = installs_.load(std::memory_order_relaxed);
+  c.ops = ops_.load(std::memory_order_relaxed);
+  c.touch_bytes = touch_bytes_.load(std::memory_order_relaxed);
+  c.ahead_ranges = ahead_ranges_.load(std::memory_order_relaxed);
+  c.ahead_bytes = ahead_bytes_.load(std::memory_order_relaxed);
+  c.nanoseconds = nanoseconds_.load(std::memory_order_relaxed);
+  for (const auto& slot : devices_) {
+    if (Device* d = slot.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(d->mu);
+      c.matches += d->order.counters().matches;
+      c.paths += d->order.counters().paths;
+    }
+  }
+  return c;
+}
+
+} // namespace c10::cuda::um

@@ -1,0 +1,213 @@
+// Drives the learned lookahead (c10_overlay/c10/cuda/um/Lookahead.h) with
+// sequences of operator uses and checks what it predicts:
+//   - nothing on the first pass over a loop, the next ranges in order from the
+//     second, up to the bytes in flight;
+//   - bytes handed out ahead are released as the program's uses reach them,
+//     so a repeated loop keeps predicting at every step;
+//   - ranges already on the device cost nothing and do not stop the walk;
+//   - a changed pattern stops the prediction, and it resumes once the new
+//     pattern repeats;
+//   - the walk is bounded by max_steps and never hands out the present op.
+// Built and run by tests/unit/test_engine_lookahead.py; no GPU, no torch.
+#include <c10/cuda/um/Lookahead.h>
+
+#include <cstdio>
+#include <set>
+#include <vector>
+
+using namespace c10::cuda::um;
+using Range = Lookahead::Range;
+
+namespace {
+
+int g_failures = 0;
+
+#define CHECK(cond, ...)                                        \
+  do {                                                          \
+    if (!(cond)) {                                              \
+      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                        \
+      std::fprintf(stderr, "\n");                               \
+      ++g_failures;                                             \
+      return false;                                             \
+    }                                                           \
+  } while (0)
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+Range R(int i, uint64_t size = 64 * kMiB) {
+  return Range{0x100000000ull + static_cast<uintptr_t>(i) * (1ull << 30), size};
+}
+
+// A simulated device: ranges in `host` move when handed out ahead.
+struct Sim {
+  std::set<uintptr_t> host;
+  std::vector<uintptr_t> order; // every range handed to `ahead`, in order
+  uint64_t operator()(const Range& r) {
+    order.push_back(r.addr);
+    if (host.erase(r.addr) != 0) {
+      return r.size;
+    }
+    return 0;
+  }
+};
+
+void op(Lookahead& la, Sim& sim, std::vector<Range> rs, uint64_t lookahead) {
+  la.use(rs.data(), rs.size(), lookahead, [&](const Range& r) { return sim(r); });
+}
+
+bool first_pass_predicts_nothing_then_the_next_ranges_in_order() {
+  Lookahead la;
+  Sim sim;
+  for (int i = 0; i < 8; ++i) {
+    op(la, sim, {R(i)}, 1ull << 40);
+  }
+  CHECK(sim.order.empty(), "first pass handed out %zu ranges", sim.order.size());
+  for (int i = 0; i < 8; ++i) {
+    sim.host.insert(R(i).addr);
+  }
+  op(la, sim, {R(0)}, 3 * 64 * kMiB);
+  CHECK(sim.order.size() == 3, "handed out %zu, want 3 (the lookahead)", sim.order.size());
+  CHECK(sim.order[0] == R(1).addr && sim.order[1] == R(2).addr && sim.order[2] == R(3).addr,
+        "not the ranges that followed R0 last time, in order");
+  CHECK(la.inFlight() == 3 * 64 * kMiB, "in flight %llu", (unsigned long long)la.inFlight());
+  return true;
+}
+
+bool used_ranges_release_their_bytes_and_the_walk_goes_on() {
+  Lookahead la;
+  Sim sim;
+  for (int step = 0; step < 4; ++step) {
+    for (int i = 0; i < 16; ++i) {
+      if (step > 0) {
+        // What was handed out ahead is on the device; the rest went back.
+        for (int j = 0; j < 16; ++j) {
+          if (j != i) {
+            sim.host.insert(R(j).addr);
+          }
+        }
+        sim.host.erase(R(i).addr);
+      }
+      sim.order.clear();
+      op(la, sim, {R(i)}, 2 * 64 * kMiB);
+      if (step >= 1 && i < 14) {
+        CHECK(!sim.order.empty(), "step %d op %d: nothing handed out", step, i);
+        CHECK(sim.order.back() == R(i + 2).addr || sim.order.back() == R(i + 1).addr,
+              "step %d op %d: handed out range %llx", step, i,
+              (unsigned long long)sim.order.back());
+      }
+    }
+  }
+  CHECK(la.counters().paths <= 2, "the path restarted %llu times in a steady loop",
+        (unsigned long long)la.counters().paths);
+  return true;
+}
+
+bool ranges_on_the_device_cost_nothing() {
+  Lookahead la;
+  Sim sim;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < 10; ++i) {
+      if (pass == 1 && i == 0) {
+        sim.host.insert(R(9).addr); // only the last is off the device
+      }
+      op(la, sim, {R(i)}, 64 * kMiB);
+      if (pass == 1 && i == 0) {
+        CHECK(sim.order.size() == 9, "walked %zu ranges, want 9 to reach R9", sim.order.size());
+        CHECK(sim.host.empty(), "R9 was not brought in");
+      }
+    }
+  }
+  return true;
+}
+
+bool a_changed_pattern_stops_then_resumes() {
+  Lookahead la;
+  Sim sim;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < 6; ++i) {
+      op(la, sim, {R(i)}, 1ull << 40);
+    }
+  }
+  // A new pattern of new ranges: no prediction on its first pass.
+  sim.order.clear();
+  for (int i = 100; i < 106; ++i) {
+    op(la, sim, {R(i)}, 1ull << 40);
+  }
+  CHECK(sim.order.empty(), "predicted %zu ranges for ranges never seen", sim.order.size());
+  sim.order.clear();
+  op(la, sim, {R(100)}, 1ull << 40);
+  CHECK(!sim.order.empty() && sim.order.front() == R(101).addr,
+        "the new pattern's repeat did not predict R101");
+  // Same address, another size: not the same range.
+  sim.order.clear();
+  op(la, sim, {R(3, 8 * kMiB)}, 1ull << 40);
+  CHECK(sim.order.empty(), "a range of another size matched");
+  return true;
+}
+
+bool the_walk_is_bounded_and_never_reaches_the_present() {
+  Lookahead la(1u << 12, 5);
+  Sim sim;
+  for (int i = 0; i < 100; ++i) {
+    op(la, sim, {R(i)}, 1ull << 40);
+  }
+  op(la, sim, {R(0), R(1)}, 1ull << 40);
+  CHECK(sim.order.size() <= 5, "one use walked %zu positions past max_steps", sim.order.size());
+  // A loop of two ranges: the walk stops before the ranges just recorded.
+  Lookahead small;
+  Sim s2;
+  for (int k = 0; k < 6; ++k) {
+    op(small, s2, {R(1)}, 1ull << 40);
+    op(small, s2, {R(2)}, 1ull << 40);
+  }
+  CHECK(s2.order.size() < 12, "a two-range loop walked %zu times", s2.order.size());
+  // Zero-sized ranges are not recorded; consecutive repeats fold.
+  Lookahead z;
+  Sim s3;
+  op(z, s3, {R(5, 0), R(6), R(6)}, 1ull << 40);
+  CHECK(z.counters().uses == 1, "uses %llu, want 1", (unsigned long long)z.counters().uses);
+  return true;
+}
+
+bool a_history_shorter_than_the_loop_predicts_nothing() {
+  Lookahead la(8, 64);
+  Sim sim;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int i = 0; i < 20; ++i) {
+      op(la, sim, {R(i)}, 1ull << 40);
+    }
+  }
+  CHECK(sim.order.empty(), "predicted from positions that left the history");
+  CHECK(la.counters().matches == 0, "matched %llu", (unsigned long long)la.counters().matches);
+  return true;
+}
+
+} // namespace
+
+int main() {
+  struct Case {
+    const char* name;
+    bool (*fn)();
+  } cases[] = {
+      {"first pass predicts nothing, then the next ranges in order",
+       first_pass_predicts_nothing_then_the_next_ranges_in_order},
+      {"used ranges release their bytes and the walk goes on",
+       used_ranges_release_their_bytes_and_the_walk_goes_on},
+      {"ranges on the device cost nothing", ranges_on_the_device_cost_nothing},
+      {"a changed pattern stops, then resumes", a_changed_pattern_stops_then_resumes},
+      {"the walk is bounded and never reaches the present",
+       the_walk_is_bounded_and_never_reaches_the_present},
+      {"a history shorter than the loop predicts nothing",
+       a_history_shorter_than_the_loop_predicts_nothing},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const int before = g_failures;
+    c.fn();
+    std::printf("%s %s\n", g_failures == before ? "ok  " : "FAIL", c.name);
+    ++n;
+  }
+  std::printf("%d cases, %d failures\n", n, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,96 @@
+"""The operator use signal and the learned lookahead on a GPU (Notes [Operator use
+signals] in OpSignal.h, [Learned lookahead] in Lookahead.h): a program of plain tensors (no
+module, no torch.optim) trained past a tiny device budget gives the losses it gives in
+memory, bit for bit, while the observer reports its operators' inputs and, from the second
+step, brings the predicted ones in ahead; a program that fits never installs it.
+
+Every test runs under the suite's cap (max_managed <= 80 % of free memory at start) with a
+device budget of a few hundred MiB: oversubscription is against the budget only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.gpu.conftest import Limits, MiB, release_cache
+
+torch = pytest.importorskip("torch")
+
+BUDGET = 256 * MiB
+WIDTH = 2048
+LAYERS = 12  # 8 MiB a weight, 8 MiB its momentum, 16 MiB an activation: ~560 MiB at peak
+
+
+def _plain_losses(steps: int, pause: float = 0.0) -> list[float]:
+    """Plain-tensor training: (x @ W).relu() through LAYERS weights, a momentum update by
+    hand. ``pause``: seconds after the first step, for the pressure watcher (10 polls a
+    second) to install the observer."""
+    g = torch.Generator(device="cpu").manual_seed(7)
+    ws = [
+        (torch.randn(WIDTH, WIDTH, generator=g) / WIDTH**0.5)
+        .to("cuda", torch.bfloat16)
+        .requires_grad_(True)
+        for _ in range(LAYERS)
+    ]
+    ms = [torch.zeros_like(w) for w in ws]
+    losses = []
+    for step in range(steps):
+        x = torch.randn(4096, WIDTH, generator=g).to("cuda", torch.bfloat16)
+        h = x
+        for w in ws:
+            h = (h @ w).relu()
+        loss = h.float().pow(2).mean()
+        loss.backward()
+        with torch.no_grad():
+            for w, m in zip(ws, ms, strict=True):
+                m.mul_(0.9).add_(w.grad)
+                w.sub_(m, alpha=1e-2)
+                w.grad = None
+        losses.append(float(loss))
+        if step == 0 and pause:
+            time.sleep(pause)
+    return losses
+
+
+def test_plain_tensors_past_the_budget_are_bit_exact_with_the_signal(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    before = um.stats()
+    in_memory = _plain_losses(5, pause=0.3)
+    fits = um.stats()
+    # Everything fits: the observer is never installed.
+    assert fits["um.op_signal_installs"] == before["um.op_signal_installs"]
+    release_cache(torch)
+    um.configure(device_budget=BUDGET, policy="lru", discard=True, op_signal=True)
+    under = _plain_losses(5, pause=0.5)
+    after = um.stats()
+    calls = after["um.op_calls"] - fits["um.op_calls"]
+    brought = after["um.op_touch_bytes"] - fits["um.op_touch_bytes"]
+    ahead = after["um.op_ahead_bytes"] - fits["um.op_ahead_bytes"]
+    matches = after["um.op_matches"] - fits["um.op_matches"]
+    print(
+        f"[um] plain losses in memory {in_memory}\n[um] under the budget {under}\n"
+        f"[um] op signal: {calls} operators, {brought / MiB:.0f} MiB brought before them, "
+        f"{ahead / MiB:.0f} MiB ahead, {matches} matches, "
+        f"{(after['um.op_signal_ns'] - fits['um.op_signal_ns']) / 1e6:.1f} ms host time"
+    )
+    assert after["um.op_signal_installs"] > fits["um.op_signal_installs"]
+    assert calls > 0 and matches > 0
+    assert brought + ahead > 0
+    assert under == in_memory
+
+
+def test_the_signal_off_leaves_the_observer_out(torch_mod: Any, um: Any, limits: Limits) -> None:
+    release_cache(torch)
+    um.configure(device_budget=BUDGET, policy="lru", op_signal=False)
+    before = um.stats()
+    _plain_losses(3, pause=0.3)
+    after = um.stats()
+    assert after["um.op_signal_installs"] == before["um.op_signal_installs"]
+    assert after["um.op_calls"] == before["um.op_calls"]
