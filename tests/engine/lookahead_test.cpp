@@ -1,7 +1,9 @@
 // Drives the learned lookahead (c10_overlay/c10/cuda/um/Lookahead.h) with
 // sequences of operator uses and checks what it predicts:
 //   - nothing on the first pass over a loop, the next ranges in order from the
-//     second, up to the bytes in flight;
+//     second pass's second use (the transition is the key), up to the bytes in
+//     flight;
+//   - a range used twice a step is predicted from what came before it;
 //   - bytes handed out ahead are released as the program's uses reach them,
 //     so a repeated loop keeps predicting at every step;
 //   - ranges already on the device cost nothing and do not stop the walk;
@@ -66,10 +68,13 @@ bool first_pass_predicts_nothing_then_the_next_ranges_in_order() {
   for (int i = 0; i < 8; ++i) {
     sim.host.insert(R(i).addr);
   }
+  // R7 -> R0 never happened: the transition, not the range, is the key.
   op(la, sim, {R(0)}, 3 * 64 * kMiB);
+  CHECK(sim.order.empty(), "R7 -> R0 matched a transition never seen");
+  op(la, sim, {R(1)}, 3 * 64 * kMiB);
   CHECK(sim.order.size() == 3, "handed out %zu, want 3 (the lookahead)", sim.order.size());
-  CHECK(sim.order[0] == R(1).addr && sim.order[1] == R(2).addr && sim.order[2] == R(3).addr,
-        "not the ranges that followed R0 last time, in order");
+  CHECK(sim.order[0] == R(2).addr && sim.order[1] == R(3).addr && sim.order[2] == R(4).addr,
+        "not the ranges that followed R0 -> R1 last time, in order");
   CHECK(la.inFlight() == 3 * 64 * kMiB, "in flight %llu", (unsigned long long)la.inFlight());
   return true;
 }
@@ -90,7 +95,7 @@ bool used_ranges_release_their_bytes_and_the_walk_goes_on() {
       }
       sim.order.clear();
       op(la, sim, {R(i)}, 2 * 64 * kMiB);
-      if (step >= 1 && i < 14) {
+      if (step >= 1 && i >= 1 && i < 14) {
         CHECK(!sim.order.empty(), "step %d op %d: nothing handed out", step, i);
         CHECK(sim.order.back() == R(i + 2).addr || sim.order.back() == R(i + 1).addr,
               "step %d op %d: handed out range %llx", step, i,
@@ -108,12 +113,12 @@ bool ranges_on_the_device_cost_nothing() {
   Sim sim;
   for (int pass = 0; pass < 2; ++pass) {
     for (int i = 0; i < 10; ++i) {
-      if (pass == 1 && i == 0) {
+      if (pass == 1 && i == 1) {
         sim.host.insert(R(9).addr); // only the last is off the device
       }
       op(la, sim, {R(i)}, 64 * kMiB);
-      if (pass == 1 && i == 0) {
-        CHECK(sim.order.size() == 9, "walked %zu ranges, want 9 to reach R9", sim.order.size());
+      if (pass == 1 && i == 1) {
+        CHECK(sim.order.size() == 8, "walked %zu ranges, want 8 to reach R9", sim.order.size());
         CHECK(sim.host.empty(), "R9 was not brought in");
       }
     }
@@ -137,11 +142,14 @@ bool a_changed_pattern_stops_then_resumes() {
   CHECK(sim.order.empty(), "predicted %zu ranges for ranges never seen", sim.order.size());
   sim.order.clear();
   op(la, sim, {R(100)}, 1ull << 40);
-  CHECK(!sim.order.empty() && sim.order.front() == R(101).addr,
-        "the new pattern's repeat did not predict R101");
+  op(la, sim, {R(101)}, 1ull << 40);
+  CHECK(!sim.order.empty() && sim.order.front() == R(102).addr,
+        "the new pattern's repeat did not predict R102");
   // Same address, another size: not the same range.
   sim.order.clear();
-  op(la, sim, {R(3, 8 * kMiB)}, 1ull << 40);
+  op(la, sim, {R(102)}, 1ull << 40);
+  sim.order.clear();
+  op(la, sim, {R(103, 8 * kMiB)}, 1ull << 40);
   CHECK(sim.order.empty(), "a range of another size matched");
   return true;
 }
@@ -167,6 +175,40 @@ bool the_walk_is_bounded_and_never_reaches_the_present() {
   Sim s3;
   op(z, s3, {R(5, 0), R(6), R(6)}, 1ull << 40);
   CHECK(z.counters().uses == 1, "uses %llu, want 1", (unsigned long long)z.counters().uses);
+  return true;
+}
+
+bool a_range_used_twice_a_step_follows_its_context() {
+  // A step: W used in the forward (after X), again in the update (after M).
+  Sim sim;
+  const int X = 1, W = 2, Y = 3, M = 4, Z = 5;
+  const std::vector<int> step = {X, W, Y, M, W, Z};
+  Lookahead fresh;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i : step) {
+      op(fresh, sim, {R(i)}, 0);
+    }
+  }
+  op(fresh, sim, {R(X)}, 0);
+  op(fresh, sim, {R(W)}, 0);
+  op(fresh, sim, {R(Y)}, 0);
+  op(fresh, sim, {R(M)}, 0);
+  sim.order.clear();
+  op(fresh, sim, {R(W)}, 1ull << 40);
+  CHECK(!sim.order.empty() && sim.order.front() == R(Z).addr,
+        "after M -> W the update's successor Z was not predicted first");
+  // And X -> W is the forward's: Y comes next.
+  Lookahead again;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i : step) {
+      op(again, sim, {R(i)}, 0);
+    }
+  }
+  op(again, sim, {R(X)}, 0);
+  sim.order.clear();
+  op(again, sim, {R(W)}, 1ull << 40);
+  CHECK(!sim.order.empty() && sim.order.front() == R(Y).addr,
+        "after X -> W the forward's successor Y was not predicted first");
   return true;
 }
 
@@ -198,6 +240,8 @@ int main() {
       {"a changed pattern stops, then resumes", a_changed_pattern_stops_then_resumes},
       {"the walk is bounded and never reaches the present",
        the_walk_is_bounded_and_never_reaches_the_present},
+      {"a range used twice a step follows its context",
+       a_range_used_twice_a_step_follows_its_context},
       {"a history shorter than the loop predicts nothing",
        a_history_shorter_than_the_loop_predicts_nothing},
   };

@@ -55,7 +55,7 @@ struct Config {
   // While a device is near its budget, every ATen operator's managed inputs
   // are brought to the device before its kernels run, and the storages the
   // learned order of use predicts next are brought in ahead of them, at most
-  // op_lookahead bytes in flight (and a quarter of the budget): Notes
+  // op_lookahead bytes in flight (and an eighth of the budget): Notes
   // [Operator use signals] (OpSignal.h) and [Learned lookahead] (Lookahead.h).
   bool op_signal = true;
   uint64_t op_lookahead = 1ull << 30;

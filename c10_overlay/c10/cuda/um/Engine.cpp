@@ -210,7 +210,7 @@ uint64_t Engine::lookaheadBytes(int device) const {
     return 0;
   }
   const uint64_t budget = cfg_.device_budget.resolve(devices_[device].total_bytes);
-  return std::min<uint64_t>(cfg_.op_lookahead, budget / 4);
+  return std::min<uint64_t>(cfg_.op_lookahead, budget / 8);
 }
 
 uint64_t Engine::forget(const void* ptr, size_t size) {

@@ -98,7 +98,7 @@ class Engine {
   // it, Note [Event inlet]). Returns the bytes asked to move.
   uint64_t touchAhead(const void* ptr, size_t size, int device, cudaStream_t stream);
   // The bytes the learned lookahead may have in flight on `device`: the
-  // op_lookahead setting, at most a quarter of the device budget; 0 when the
+  // op_lookahead setting, at most an eighth of the device budget; 0 when the
   // device is not known yet.
   uint64_t lookaheadBytes(int device) const;
   // Note [Forgotten content] (Residency.h): the content of live

@@ -9,9 +9,13 @@
 // use signals], OpSignal.h) reports each operator's storages, in the order
 // the operators run; this class keeps that order as a history and, as in
 // DeepUM's correlation prefetching (ASPLOS 2023) but at operator and storage
-// granularity, predicts the future from the past: when a range is used again,
-// the ranges that followed its last use are about to be used again, in that
-// order. The caller brings the predicted ranges in ahead of their use, up to
+// granularity, predicts the future from the past: when a transition from one
+// range to the next happens again, the ranges that followed it last time are
+// about to be used again, in that order. The key is the transition, not the
+// range alone: a weight is used in the forward, the backward and the update
+// of one step, and what came just before it tells those uses apart (keyed by
+// the range alone, the prediction restarted at almost every use of a plain-
+// tensor training step: bench/results, train-plain, 2026-11-29). The caller brings the predicted ranges in ahead of their use, up to
 // a number of bytes in flight (the lookahead), on a stream of its own.
 //
 // Nothing here needs an iteration boundary, a module or an optimizer: the
@@ -105,6 +109,7 @@ class Lookahead {
   }
 
  private:
+  static uint64_t key(const Range& prev, const Range& r);
   // Records r; true if it matched an earlier use (then match_ and cursor_
   // follow it).
   bool record(const Range& r);
@@ -120,7 +125,8 @@ class Lookahead {
   std::vector<Range> hist_; // ring; position p at hist_[p % size]
   uint64_t pos_ = 1; // next position; 0 means "none"
   uint64_t recorded_ = 0; // positions the current use() recorded
-  std::unordered_map<uintptr_t, uint64_t> seen_; // addr -> last position
+  // The transition (range before, range) -> its last position.
+  std::unordered_map<uint64_t, uint64_t> seen_;
   uint64_t match_ = 0; // history position the last match found
   uint64_t cursor_ = 0; // last position handed out along the path
   struct Flight {
