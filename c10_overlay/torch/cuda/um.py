@@ -1079,6 +1079,8 @@ def _own_tensors(module: Module) -> list[object]:
 
 
 def _pre_forward(module: Module, args: object) -> None:
+    global _module_forward_seen
+    _module_forward_seen = True  # Note [Which signal drives the engine]
     if _workspaces is not None:
         _workspaces.ensure()  # Note [Library workspaces]
     if torch.is_grad_enabled():
@@ -1240,6 +1242,8 @@ def _remove_hooks() -> None:
             handle = _hook_handles.pop()
             handle.remove()  # type: ignore[attr-defined]
         _hooks_installed = False
+        global _module_forward_seen
+        _module_forward_seen = False
 
 
 # ---- prediction: saved activations leave by copy (Note [Saved-activation offload],
@@ -1580,10 +1584,38 @@ def _hooks_wanted() -> bool:
 _op_signal_on = False
 _op_signal_error: str | None = None
 
+# Note [Which signal drives the engine]
+# Past the budget, a program built from modules is driven by the module hooks and the
+# predictions built on them (saved-activation offload, optimizer staging, weight
+# streaming), which move data by copy at the link's speed; the operator observer's
+# bring-ins and lookahead move it by migration. Both at once fought: a model of
+# nn.Linear layers trained by a hand-written Lion update ran 1.69 s a step with both
+# against 0.50 s with the hooks alone, and the optimizer staging found no room
+# (bench/results, train-custom-opt, 2026-11-29; docs/notes/op-signal.md). So the observer
+# is the signal of the work no module hook describes: the watcher installs it one poll
+# after the hooks, and only while no module forward has run under them since; a module
+# forward takes it off at the next poll. A program of plain tensors keeps it for good.
+_module_forward_seen = False
+_op_signal_polls = 0  # polls under pressure with the hooks on and no module forward seen
+
 
 def _op_signal_wanted() -> bool:
     cfg = get_config()
     return cfg.get("policy") == "lru" and cfg.get("op_signal") == "True" and is_enabled()
+
+
+def _modules_drive() -> bool:
+    """Whether the module hooks drive the engine now (Note [Which signal drives the
+    engine]): they are on and a module forward ran under them, or they came on so recently
+    that no poll has seen whether one does."""
+    global _op_signal_polls
+    if not _hooks_installed:
+        _op_signal_polls = 0
+        return False
+    if _module_forward_seen:
+        return True
+    _op_signal_polls += 1
+    return _op_signal_polls < 2
 
 
 def _sync_op_signal() -> None:
@@ -1594,7 +1626,9 @@ def _sync_op_signal() -> None:
     if lib is None or _op_signal_error is not None:
         return
     with _hooks_lock:
-        wanted = bool(lib.torch_um_under_pressure()) and _op_signal_wanted()
+        wanted = (
+            bool(lib.torch_um_under_pressure()) and _op_signal_wanted() and not _modules_drive()
+        )
         if wanted == _op_signal_on:
             return
         err = ctypes.create_string_buffer(_ERRLEN)
@@ -1634,8 +1668,9 @@ def _watch_pressure() -> None:
 
     def watch() -> None:
         while not _watch_stop.wait(0.1):
+            hooks_ok = _sync_hooks()
             _sync_op_signal()
-            if not _sync_hooks():
+            if not hooks_ok:
                 return
 
     _watch_thread = threading.Thread(target=watch, name="torch.cuda.um pressure watch", daemon=True)
