@@ -212,6 +212,25 @@ bool a_range_used_twice_a_step_follows_its_context() {
   return true;
 }
 
+bool pairs_repeated_within_a_step_keep_one_path() {
+  // Each layer reports (h, W) twice (matmul, then the mm it dispatches to):
+  // the second pass's uses match the first's, a little back and forth.
+  Lookahead la;
+  Sim sim;
+  const int steps = 6;
+  for (int s = 0; s < steps; ++s) {
+    for (int layer = 0; layer < 24; ++layer) {
+      const int h = 100 + layer, w = 200 + layer;
+      op(la, sim, {R(h), R(w)}, 4 * 64 * kMiB);
+      op(la, sim, {R(h), R(w)}, 4 * 64 * kMiB);
+      op(la, sim, {R(h + 1)}, 4 * 64 * kMiB);
+    }
+  }
+  CHECK(la.counters().paths <= static_cast<uint64_t>(steps), "the path restarted %llu times in %d steps",
+        (unsigned long long)la.counters().paths, steps);
+  return true;
+}
+
 bool a_history_shorter_than_the_loop_predicts_nothing() {
   Lookahead la(8, 64);
   Sim sim;
@@ -242,6 +261,7 @@ int main() {
        the_walk_is_bounded_and_never_reaches_the_present},
       {"a range used twice a step follows its context",
        a_range_used_twice_a_step_follows_its_context},
+      {"pairs repeated within a step keep one path", pairs_repeated_within_a_step_keep_one_path},
       {"a history shorter than the loop predicts nothing",
        a_history_shorter_than_the_loop_predicts_nothing},
   };

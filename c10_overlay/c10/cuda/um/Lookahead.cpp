@@ -1,5 +1,7 @@
 #include <c10/cuda/um/Lookahead.h>
 
+#include <algorithm>
+
 namespace c10::cuda::um {
 
 Lookahead::Lookahead(size_t capacity, size_t max_steps)
@@ -40,10 +42,20 @@ bool Lookahead::record(const Range& r) {
       at(it->second - 1) == prev) {
     q = it->second;
   }
+  // A transition repeated within a few positions (an op and the op it
+  // dispatches to report the same arguments) says nothing about the loop:
+  // the earlier occurrence stays the one remembered, so that the next step
+  // matches it, in order, instead of jumping between the two.
+  const bool local = q != 0 && pos_ - q <= kLocal;
   hist_[pos_ % hist_.size()] = r;
-  seen_[k] = pos_;
+  if (!local) {
+    seen_[k] = pos_;
+  }
   ++pos_;
   ++recorded_;
+  if (local) {
+    return false;
+  }
   if (seen_.size() > 4 * hist_.size()) {
     // Transitions that left the history predict nothing: keep the map bounded.
     for (auto it = seen_.begin(); it != seen_.end();) {
@@ -54,22 +66,27 @@ bool Lookahead::record(const Range& r) {
     return false;
   }
   counters_.matches += 1;
-  const bool on_path = match_ != 0 && q > match_ && q <= cursor_ + 1;
-  if (!on_path) {
-    // Another place in the history. Bytes handed out at or before it have
-    // been used; those after it stay counted until the new path reaches
-    // them, unless the program went back (a new step: all were used or
-    // left).
+  // Near the path: a transition that occurs twice close together (an op and
+  // the op it dispatches to, both reporting the same arguments) matches its
+  // later occurrence first and its earlier one next, a small step back. Only
+  // a jump far from the path starts a new one, and only a jump far back (the
+  // next step of a loop) drops what was handed out along the old one (left
+  // counted, a restart at every such pair moved 19 GiB ahead a step of
+  // train-plain, 2026-11-29).
+  const uint64_t slack = max_steps_;
+  const bool near = match_ != 0 && q + slack >= match_ && q <= cursor_ + slack;
+  if (!near) {
     counters_.paths += 1;
-    if (q < match_) {
+    if (match_ != 0 && q + slack < match_) {
       flight_.clear();
       in_flight_ = 0;
     }
     cursor_ = q;
-  } else if (q > cursor_) {
-    cursor_ = q;
+    match_ = q;
+  } else {
+    cursor_ = std::max(cursor_, q);
+    match_ = std::max(match_, q);
   }
-  match_ = q;
   return true;
 }
 

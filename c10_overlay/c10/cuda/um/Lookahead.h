@@ -109,6 +109,7 @@ class Lookahead {
   }
 
  private:
+  static constexpr uint64_t kLocal = 4; // positions of a local repeat
   static uint64_t key(const Range& prev, const Range& r);
   // Records r; true if it matched an earlier use (then match_ and cursor_
   // follow it).
