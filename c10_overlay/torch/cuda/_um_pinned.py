@@ -50,8 +50,32 @@ ROUTE_KEYS = (
 # torch reads the first of these that is set; PYTORCH_ALLOC_CONF from 2.9 on
 CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
+# allocator settings that UM turns off while it is on, never set again from the program's
+UM_DROPS = ("expandable_segments",)
+
 _lock = threading.Lock()
 _decided: tuple[bool, str] | None = None
+
+
+def program_settings(torch_version: str, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The variable this torch reads its allocator settings from, and its text ("" if none
+    is set): the first of CONF_VARS that is set, PYTORCH_ALLOC_CONF only from 2.9 on."""
+    m = re.match(r"(\d+)\.(\d+)", torch_version)
+    version = (int(m.group(1)), int(m.group(2))) if m is not None else (0, 0)
+    read = CONF_VARS if version >= (2, 9) else CONF_VARS[1:]
+    name = next((v for v in read if environ.get(v)), None)
+    return name, environ.get(name, "") if name is not None else ""
+
+
+def setting(settings: str, key: str) -> str | None:
+    """The value of ``key`` in allocator settings text, the last one given (torch applies
+    them in order), or None."""
+    value = None
+    for part in settings.split(","):
+        k, _, v = part.partition(":")
+        if k.strip() == key:
+            value = v.strip()
+    return value
 
 
 def registration_settings(
@@ -62,13 +86,14 @@ def registration_settings(
     version = (int(m.group(1)), int(m.group(2))) if m is not None else (0, 0)
     if version < FIRST_SAFE:
         return None, f"torch {torch_version}: before 2.8 a buffer may be freed by the wrong route"
-    read = CONF_VARS if version >= (2, 9) else CONF_VARS[1:]
-    name = next((v for v in read if environ.get(v)), None)
-    own = environ.get(name, "") if name is not None else ""
+    name, own = program_settings(torch_version, environ)
     keys = {part.split(":", 1)[0].strip() for part in own.split(",")}
     chosen = sorted(keys.intersection(ROUTE_KEYS))
     if chosen:
         return None, f"{name} sets {', '.join(chosen)}: the program's choice stands"
+    # The program's expandable_segments:True was dropped while UM is on (um.py,
+    # _drop_expandable_segments): set again with the route, it would come back.
+    own = ",".join(p for p in own.split(",") if p.split(":", 1)[0].strip() not in UM_DROPS)
     threads = 1
     while threads * 2 <= min(REGISTER_THREADS, max(1, cpus)):
         threads *= 2  # torch takes a power of 2
