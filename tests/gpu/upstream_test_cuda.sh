@@ -53,6 +53,8 @@ trap 'rm -rf "$STAGE"' EXIT
 # pytest names the module after the file: test_cuda, as upstream's CI does.
 mkdir -p "$STAGE/tests"
 cp "$UPSTREAM" "$STAGE/tests/test_cuda.py"
+# Names a newer upstream file imports that this wheel lacks (tests/gpu/upstream_conftest.py).
+cp tests/gpu/upstream_conftest.py "$STAGE/tests/conftest.py"
 
 STOCK_PYTHONPATH=${PYTHONPATH:-}
 STAGE_ARGS=()
@@ -115,6 +117,7 @@ secs=$(( $(date +%s) - start ))
   --source "$SOURCE" \
   --note "command: bash tests/gpu/upstream_test_cuda.sh $VERSION; TORCH_UM_COMMIT=${TORCH_UM_COMMIT:-(not set)}; $(date -u +%Y-%m-%dT%H:%M:%SZ)" \
   --note "pytest -k \"$SUBSET\" -p no:xdist, each run under timeout $PER_RUN_S s; both runs took $secs s" \
+  --note "the upstream file unmodified; tests/gpu/upstream_conftest.py gives torch.testing._internal.common_utils the names a newer upstream file imports that the wheel lacks (TEST_CUDAMALLOCASYNC)" \
   --note "stock: $STOCK_INFO" \
   --note "+um: $UM_INFO; PYTORCH_CUDA_UM_CONF=max_managed:$CAP (80 % of $FREE bytes free at start)" \
   --note "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
