@@ -53,9 +53,16 @@ def test_expandable_segments_dropped_by_um_are_not_set_again(pinned, var: str) -
         ("2.15.0", {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, "PYTORCH_ALLOC_CONF", "True"),
         ("2.15.0", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
          "PYTORCH_CUDA_ALLOC_CONF", "True"),
-        # the primary name wins whole: the fallback is not read once it is set
-        ("2.11.0", {"PYTORCH_ALLOC_CONF": "max_split_size_mb:64",
+        ("2.11.0", {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, "PYTORCH_ALLOC_CONF", "True"),
+        # the variable read first wins whole: the other is not read once it is set
+        ("2.15.0", {"PYTORCH_ALLOC_CONF": "max_split_size_mb:64",
                     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+         "PYTORCH_ALLOC_CONF", None),
+        ("2.11.0", {"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+                    "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"},
+         "PYTORCH_CUDA_ALLOC_CONF", None),
+        # set but empty is set: torch reads it (and nothing else)
+        ("2.15.0", {"PYTORCH_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
          "PYTORCH_ALLOC_CONF", None),
         # before 2.9 only PYTORCH_CUDA_ALLOC_CONF is read
         ("2.8.0", {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, None, None),
@@ -84,18 +91,24 @@ def test_a_route_the_program_chose_stands(pinned, conf: str) -> None:  # type: i
     assert settings is None and "PYTORCH_CUDA_ALLOC_CONF" in why
 
 
-def test_pytorch_alloc_conf_is_read_from_2_9_and_wins(pinned) -> None:  # type: ignore[no-untyped-def]
+def test_the_variable_torch_reads_wins_whole(pinned) -> None:  # type: ignore[no-untyped-def]
+    """Note [Which variable torch reads its allocator settings from]."""
     env = {
         "PYTORCH_ALLOC_CONF": "pinned_use_cuda_host_register:False",
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128",
     }
-    settings, why = pinned.registration_settings("2.9.1", env, 16)
+    # 2.15 reads PYTORCH_ALLOC_CONF first: the program's choice stands
+    settings, why = pinned.registration_settings("2.15.0", env, 16)
     assert settings is None and "PYTORCH_ALLOC_CONF" in why
-    # 2.8 does not read PYTORCH_ALLOC_CONF: its own variable's settings are carried
-    # (expandable_segments excepted: UM dropped it)
-    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True,max_split_size_mb:128"
-    settings, _ = pinned.registration_settings("2.8.0", env, 16)
-    assert settings == f"max_split_size_mb:128,{ROUTE}16"
+    # 2.9 to 2.14 read PYTORCH_CUDA_ALLOC_CONF first, and 2.8 only that one: its settings are
+    # carried (expandable_segments excepted: UM dropped it)
+    for version in ("2.8.0", "2.11.0", "2.14.1"):
+        settings, _ = pinned.registration_settings(version, env, 16)
+        assert settings == f"max_split_size_mb:128,{ROUTE}16", version
+    # from 2.9, PYTORCH_ALLOC_CONF alone is read too
+    only = {"PYTORCH_ALLOC_CONF": "pinned_num_register_threads:4"}
+    assert pinned.registration_settings("2.11.0", only, 16)[0] is None
+    assert pinned.registration_settings("2.8.0", only, 16)[0] == f"{ROUTE}16"
 
 
 def test_applied_once_per_process_and_a_refusal_keeps_the_default(pinned) -> None:  # type: ignore[no-untyped-def]
