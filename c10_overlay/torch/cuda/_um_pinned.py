@@ -22,8 +22,9 @@ not turned on:
   and the record of routes it then added was unguarded against concurrent allocation
   until pytorch#153845; both are in 2.8.
 - when the program's allocator settings (the variable torch reads: Note [Which variable
-  torch reads its allocator settings from]) name a key of the route (``pinned_use_cuda_host_register``,
-  ``pinned_num_register_threads``): the program's choice stands, ``False`` included.
+  torch reads its allocator settings from]) name a key of the route
+  (``pinned_use_cuda_host_register``, ``pinned_num_register_threads``): the program's
+  choice stands, ``False`` included.
 torch re-reads its settings whole, so the string set is the program's own setting with
 the route's two keys appended. Buffers already made keep their route and are freed by
 it. The setting is process-wide: the program's own ``pin_memory`` buffers (a DataLoader's)
