@@ -199,9 +199,10 @@ def test_cuda_graph_capture_and_replay(torch_mod: Any, um: Any, limits: Limits) 
         torch.cuda.synchronize()
         assert torch.all(static_out == 2 * k + 1)
         assert float(extra[0]) == 5.0
-    assert um.is_managed(static_out)
-    # The private pool's segments were taken during capture: no prefetch there.
-    assert um.stats()["um.prefetches_skipped_capture"] > skipped_before
+    # The private pool's segments were made during the capture: plain cudaMalloc memory, as in
+    # stock torch (Note [Segments made during a capture are plain], Engine.cpp).
+    assert not um.is_managed(static_out) and not um.is_managed(extra)
+    assert um.stats()["um.prefetches_skipped_capture"] == skipped_before
     del g, static_out, extra
 
 
@@ -223,7 +224,9 @@ def test_compile_reduce_overhead(torch_mod: Any, um: Any, limits: Limits) -> Non
         out = cf(a, b)
     torch.cuda.synchronize()
     assert torch.allclose(out, f(a, b), rtol=1e-3, atol=1e-3)
-    assert um.is_managed(out)
+    # Whether `out` is managed depends on where cudagraph trees put it: in a segment their
+    # warm-up made (managed) or one made during the recording (plain, Note [Segments made
+    # during a capture are plain]).
     assert um.injection_info()["captures_underway"] == 0
 
 

@@ -196,6 +196,12 @@ try:
     out["summary_cpu"] = None
 except ValueError as e:
     out["summary_cpu"] = str(e)
+# Note [UM counters where tools look for memory]: wrapped once at import, upstream's {}
+# before CUDA is initialised, and reading them initialises nothing.
+out["memory_stats"] = [torch.cuda.memory_stats_as_nested_dict(), dict(torch.cuda.memory_stats()),
+                       getattr(torch.cuda.memory_summary, "_um_counters", False),
+                       torch.cuda.memory_stats_as_nested_dict
+                       is torch.cuda.memory.memory_stats_as_nested_dict]
 out["init_at_end"] = torch.cuda.is_initialized()
 print(json.dumps(out))
 """
@@ -344,6 +350,11 @@ def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     assert api["placement"] == [0, 0, 0, 0]  # and count nothing where they are
     assert api["where_bad_kind"] == -1 and api["where_unknown"] == 0
     assert "unknown advice 'sideways'" in api["bad_advice"]
+
+
+def test_memory_stats_wrapped_and_unchanged_without_a_gpu(api: dict[str, Any]) -> None:
+    assert api["memory_stats"] == [{}, {}, True, True]
+    assert api["init_at_end"] is False
 
 
 def test_summary_without_a_gpu(api: dict[str, Any]) -> None:

@@ -21,9 +21,10 @@ not turned on:
   before the switch and freed after it (an emptied host cache) would be freed wrongly,
   and the record of routes it then added was unguarded against concurrent allocation
   until pytorch#153845; both are in 2.8.
-- when the program's allocator settings (``PYTORCH_CUDA_ALLOC_CONF``, or from 2.9
-  ``PYTORCH_ALLOC_CONF``) name a key of the route (``pinned_use_cuda_host_register``,
-  ``pinned_num_register_threads``): the program's choice stands, ``False`` included.
+- when the program's allocator settings (the variable torch reads: Note [Which variable
+  torch reads its allocator settings from]) name a key of the route
+  (``pinned_use_cuda_host_register``, ``pinned_num_register_threads``): the program's
+  choice stands, ``False`` included.
 torch re-reads its settings whole, so the string set is the program's own setting with
 the route's two keys appended. Buffers already made keep their route and are freed by
 it. The setting is process-wide: the program's own ``pin_memory`` buffers (a DataLoader's)
@@ -47,28 +48,69 @@ ROUTE_KEYS = (
     "pinned_use_hip_host_register",
     "pinned_num_register_threads",
 )
-# torch reads the first of these that is set; PYTORCH_ALLOC_CONF from 2.9 on
+# Note [Which variable torch reads its allocator settings from]
+# torch reads the first of its variables that is set, whole, and ignores the others: before
+# 2.9 only PYTORCH_CUDA_ALLOC_CONF; from 2.9 PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF
+# (2.11.0's libc10.so: AcceleratorAllocatorConfig::instance() tries PYTORCH_CUDA_ALLOC_CONF,
+# PYTORCH_HIP_ALLOC_CONF, PYTORCH_ALLOC_CONF in that order, and libc10_cuda.so's parse hook
+# PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF); from 2.15, where PYTORCH_ALLOC_CONF
+# became the primary name, PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF.
 CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+ALLOC_CONF_READ = (2, 9)  # the first torch that reads PYTORCH_ALLOC_CONF at all
+ALLOC_CONF_FIRST = (2, 15)  # the first torch that reads it before PYTORCH_CUDA_ALLOC_CONF
+
+# allocator settings that UM turns off while it is on, never set again from the program's
+UM_DROPS = ("expandable_segments",)
 
 _lock = threading.Lock()
 _decided: tuple[bool, str] | None = None
+
+
+def program_settings(torch_version: str, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The variable this torch reads its allocator settings from, and its text ("" if none
+    is set): Note [Which variable torch reads its allocator settings from]."""
+    version = _version(torch_version)
+    if version >= ALLOC_CONF_FIRST:
+        read: tuple[str, ...] = CONF_VARS
+    elif version >= ALLOC_CONF_READ:
+        read = CONF_VARS[::-1]
+    else:
+        read = CONF_VARS[1:]
+    name = next((v for v in read if v in environ), None)  # set, even if empty
+    return name, environ.get(name, "") if name is not None else ""
+
+
+def _version(torch_version: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", torch_version)
+    return (int(m.group(1)), int(m.group(2))) if m is not None else (0, 0)
+
+
+def setting(settings: str, key: str) -> str | None:
+    """The value of ``key`` in allocator settings text, the last one given (torch applies
+    them in order), or None."""
+    value = None
+    for part in settings.split(","):
+        k, _, v = part.partition(":")
+        if k.strip() == key:
+            value = v.strip()
+    return value
 
 
 def registration_settings(
     torch_version: str, environ: Mapping[str, str], cpus: int
 ) -> tuple[str | None, str]:
     """The allocator settings that turn the registration route on, or None; and why."""
-    m = re.match(r"(\d+)\.(\d+)", torch_version)
-    version = (int(m.group(1)), int(m.group(2))) if m is not None else (0, 0)
+    version = _version(torch_version)
     if version < FIRST_SAFE:
         return None, f"torch {torch_version}: before 2.8 a buffer may be freed by the wrong route"
-    read = CONF_VARS if version >= (2, 9) else CONF_VARS[1:]
-    name = next((v for v in read if environ.get(v)), None)
-    own = environ.get(name, "") if name is not None else ""
+    name, own = program_settings(torch_version, environ)
     keys = {part.split(":", 1)[0].strip() for part in own.split(",")}
     chosen = sorted(keys.intersection(ROUTE_KEYS))
     if chosen:
         return None, f"{name} sets {', '.join(chosen)}: the program's choice stands"
+    # The program's expandable_segments:True was dropped while UM is on (um.py,
+    # _drop_expandable_segments): set again with the route, it would come back.
+    own = ",".join(p for p in own.split(",") if p.split(":", 1)[0].strip() not in UM_DROPS)
     threads = 1
     while threads * 2 <= min(REGISTER_THREADS, max(1, cpus)):
         threads *= 2  # torch takes a power of 2

@@ -1707,18 +1707,19 @@ def _attach() -> None:
 
 
 def _expandable_requested() -> bool:
-    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        for item in os.environ.get(var, "").split(","):
-            key, _, value = item.partition(":")
-            if key.strip() == "expandable_segments" and value.strip().lower() == "true":
-                return True
-    return False
+    """Whether the allocator settings torch reads (PYTORCH_ALLOC_CONF, else
+    PYTORCH_CUDA_ALLOC_CONF; the last value given) turn expandable segments on."""
+    from torch.cuda import _um_pinned
+
+    _, own = _um_pinned.program_settings(torch.__version__, os.environ)
+    return (_um_pinned.setting(own, "expandable_segments") or "").lower() == "true"
 
 
 def _drop_expandable_segments() -> None:
     # Expandable segments (cuMemMap) cannot be managed memory: as on the
     # source path, the request is dropped with one warning while UM is on.
-    if not is_enabled() or not _expandable_requested():
+    # On the source path the patched allocator drops it itself (with its warning).
+    if not _injected or not is_enabled() or not _expandable_requested():
         return
     warnings.warn(
         "unified memory: expandable_segments:True is ignored because expandable "
@@ -1727,6 +1728,30 @@ def _drop_expandable_segments() -> None:
         stacklevel=3,
     )
     torch._C._accelerator_setAllocatorSettings("expandable_segments:False")
+
+
+def _memory_stats_counters(device: object = None) -> dict[str, int] | None:
+    """torch.cuda.um.stats(device) for torch.cuda.memory_stats() and memory_summary(), or
+    None while UM is off and the device holds no managed segment (Note [UM counters where
+    tools look for memory], torch/cuda/_um_memstats.py). Called after upstream's own
+    reading, so CUDA is initialised and ``device`` is one upstream accepted."""
+    from torch.cuda import _um_memstats
+    from torch.cuda._utils import _get_device_index
+
+    index = _get_device_index(device, optional=True)
+    s = _raw_stats(index)
+    enabled = is_enabled()
+    if s is None or not (enabled or s.managed_segments > 0):
+        return None
+    out = {src: int(getattr(s, src.removeprefix("um."))) for _, src in _um_memstats.KEYS}
+    out["um.enabled"] = int(enabled)
+    return out
+
+
+def _install_memory_stats() -> None:
+    from torch.cuda import _um_memstats, memory
+
+    _um_memstats.install(memory, torch.cuda, _memory_stats_counters)
 
 
 def _install() -> None:
@@ -1739,6 +1764,7 @@ def _install() -> None:
     from torch.cuda import _lazy_call
 
     _lazy_call(_attach)
+    _install_memory_stats()
 
 
 _install()

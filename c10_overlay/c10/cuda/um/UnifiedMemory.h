@@ -22,7 +22,9 @@ namespace c10::cuda::um {
 // the allocator's release-and-retry path runs and, if that does not help,
 // raises torch.OutOfMemoryError with oomReport() in its message.
 // `stream` orders the placement prefetch; `capturing` says whether `stream` is
-// being captured into a CUDA graph (no prefetch is issued then).
+// being captured into a CUDA graph: such a segment (a graph's private pool)
+// is plain cudaMalloc memory (Note [Segments made during a capture are plain],
+// Engine.cpp).
 cudaError_t allocSegment(
     void** ptr,
     size_t size,
