@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import get_args
 
@@ -159,3 +160,31 @@ def test_default_version_is_the_newest_gpu_verified_one(tmp_path: Path) -> None:
     write_matrix(root, {**matrix_doc("9.3.0"), "gpu_verified": "missing.md"})
     with pytest.raises(BuildError, match="gpu_verified must name a GPU record"):
         matrix.load("9.3.0", root)
+
+
+def test_the_default_version_is_computed_only_after_the_venv_exists(tmp_path: Path) -> None:
+    """On a fresh clone .venv does not exist while make reads the Makefiles, and its Python
+    computes the default version: reading them (docker/docker.mk included) must not expand
+    TORCH_VERSION, or the default is '' for the whole run (issue 56). Here .venv's Python
+    is a script that records each call and prints a version."""
+    calls = tmp_path / "calls"
+    vpy = tmp_path / "python"
+    vpy.write_text(f'#!/bin/sh\necho "$*" >> {calls}\necho 9.9.9\n')
+    vpy.chmod(0o755)
+
+    def make_n(target: str) -> str:
+        proc = subprocess.run(
+            ["make", "--no-print-directory", "-n", target, f"VPY={vpy}", "STAMP="],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    make_n("help")  # -n: only what reading the Makefiles runs
+    assert not calls.exists()
+    out = make_n("build")  # the recipe is expanded, after its prerequisite $(STAMP)
+    assert f"{vpy} -m build_scripts build --torch-version='9.9.9'" in out
+    assert calls.read_text().splitlines() == ["-m build_scripts versions --default"]
