@@ -188,3 +188,19 @@ def test_the_default_version_is_computed_only_after_the_venv_exists(tmp_path: Pa
     out = make_n("build")  # the recipe is expanded, after its prerequisite $(STAMP)
     assert f"{vpy} -m build_scripts build --torch-version='9.9.9'" in out
     assert calls.read_text().splitlines() == ["-m build_scripts versions --default"]
+
+
+def test_ci_builds_the_default_with_no_arguments_before_anything_else() -> None:
+    """.ci/run (CI, on a fresh clone) runs the README's first command, `make build` with no
+    TORCH_VERSION, before `make test` has made .venv, and checks the wheel it built."""
+    lines = [ln.strip() for ln in (REPO_ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = [ln for ln in lines if ln and not ln.startswith("#")]
+    build = next(i for i, ln in enumerate(commands) if ln.startswith("make ") and " build" in ln)
+    assert "TORCH_VERSION" not in commands[build]
+    assert not any(ln.startswith(("make", ".venv/bin")) for ln in commands[:build])
+    after = commands[build:]
+    assert any("build_scripts validate" in ln for ln in after)
+    assert any("versions --default" in ln for ln in after)
+    assert after.index("make test") > max(
+        i for i, ln in enumerate(after) if "build_scripts validate" in ln
+    )
