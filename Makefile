@@ -5,7 +5,10 @@
 #   make test-unit                                without the real build (fast)
 
 # Default: the newest version verified on a GPU host, as build_scripts/matrix.py decides
-# (`python -m build_scripts versions --default`); evaluated once, when first used.
+# (`python -m build_scripts versions --default`); evaluated once, when first used. .venv's
+# Python computes it, so only recipes of targets that depend on $(STAMP) may use it: a use
+# while the Makefiles are read runs before .venv exists on a fresh clone, and fixes the
+# default at '' for the whole run (docker/docker.mk follows the same rule).
 TORCH_VERSION ?= $(eval TORCH_VERSION := $(shell $(VPY) -m build_scripts versions --default))$(TORCH_VERSION)
 # CPython version of the wheel to build (not the interpreter that runs the build).
 PYTHON ?= 3.11

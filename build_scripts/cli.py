@@ -38,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dest", type=Path, default=None, help="output folder (.device/inject)")
     g.add_argument("--no-pytest", action="store_true", help="do not add pytest to the bundle")
 
-    ls = sub.add_parser("versions", help="list supported torch versions")
+    ls = sub.add_parser(
+        "versions", help="list supported torch versions, each with its GPU record or none"
+    )
     ls.add_argument("--default", action="store_true", help="print the default version only")
 
     s = sub.add_parser("series", help="maintain patches/<version>/series")
@@ -99,7 +101,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         if args.default:
             print(matrix.default_version())
         else:
-            print("\n".join(matrix.supported_versions()))
+            print("\n".join(version_lines()))
     elif args.command == "series":
         m = matrix.load(_version(args))
         if args.series_command == "check":
@@ -121,6 +123,19 @@ def run(argv: Sequence[str] | None = None) -> int:
         repack.validate(args.wheel)
         print(f"{args.wheel}: RECORD valid")
     return 0
+
+
+def version_lines(root: Path | None = None) -> list[str]:
+    """``versions``: each supported version, a tab, and whether a GPU run verified it (its
+    record) and which one is the default."""
+    versions = matrix.supported_versions(root)
+    verified = {v: matrix.load(v, root).gpu_verified for v in versions}
+    default = next((v for v in reversed(versions) if verified[v]), None)
+    lines = []
+    for v in versions:
+        state = f"gpu_verified: {verified[v]}" if verified[v] else "not verified on a GPU"
+        lines.append(f"{v}\t{state}" + (" (default)" if v == default else ""))
+    return lines
 
 
 def _series_base(m: matrix.VersionMatrix) -> Path:

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from build_scripts import progress, subproc
+from build_scripts import pipconf, progress, subproc
 from build_scripts.errors import DISK_ERRNOS, BuildError
 from build_scripts.fsutil import (
     atomic_path,
@@ -129,9 +129,12 @@ def pip_download(
         if abi:
             cmd += ["--abi", abi]
         cmd.append(spec)
-        # pip's own temporary files go to the same disk, and away with the rest
+        # pip's own temporary files go to the same disk, and away with the rest; a cap on
+        # versions in pip's configuration does not apply to a file pinned by sha256, the
+        # index configuration does (pipconf)
         (tmp / "tmp").mkdir()
-        env = dict(os.environ, TMPDIR=str(tmp / "tmp"))
+        env = pipconf.pinned_download_env()
+        env["TMPDIR"] = str(tmp / "tmp")
         progress.step(f"downloading {filename} (pip download {spec})")
         proc = subprocess.run(
             cmd,
@@ -142,9 +145,9 @@ def pip_download(
             env=env,
             preexec_fn=subproc.die_with_parent(),
         )
-        if proc.stderr:
-            sys.stderr.write(proc.stderr)
         got = tmp / filename
+        if proc.returncode == 0 and got.is_file() and proc.stderr:
+            sys.stderr.write(proc.stderr)  # pip's warnings; a failure is said in one line
         if proc.returncode != 0 or not got.is_file():
             free = shutil.disk_usage(dest_dir).free
             if _NO_SPACE in (proc.stderr or "") or free < _LOW_SPACE:
@@ -153,15 +156,25 @@ def pip_download(
                     f"(the disk of {dest_dir}, {mebibytes(free)} free): free space there, or "
                     "set TORCH_UM_CACHE to a directory on a disk with room for the download"
                 )
-            found = ", ".join(p.name for p in tmp.iterdir() if p.name != "tmp") or "nothing"
-            raise BuildError(
-                f"pip download {spec} did not produce {filename} (exit {proc.returncode}, "
-                f"got {found}). Check the network and pip's index configuration, or put the "
-                f"file into {dest_dir} by hand."
-            )
+            raise BuildError(refused(spec, filename, dest_dir, proc.stderr, proc.returncode, tmp))
         verify_sha256(got, sha256, what=filename)
         os.replace(got, dest)
     return dest
+
+
+def refused(
+    spec: str, filename: str, dest_dir: Path, stderr: str | None, returncode: int, tmp: Path
+) -> str:
+    """One line for a pinned file pip did not download: the file, pip's reason, what to do."""
+    got = [p.name for p in tmp.iterdir() if p.name != "tmp"] if tmp.is_dir() else []
+    why = pipconf.reason(stderr, returncode) if not got else f"it gave {', '.join(got)} instead"
+    return (
+        f"cannot download {filename} (pip download {spec}): {why}. The build asks the package "
+        "index your pip configuration names (index-url, extra-index-url, find-links in pip.conf "
+        "or PIP_* variables; version caps and constraints are lifted for pinned files): check "
+        "the network and that this index serves the file, or put the file into "
+        f"{dest_dir} by hand (it is checked against its pinned sha256)"
+    )
 
 
 _NO_SPACE = "No space left on device"

@@ -107,13 +107,19 @@ def build_for_version(
     return build(inputs, build_dir, toolchain=toolchain)
 
 
-_CXX_STANDARD = re.compile(r"^\s*CXX_STANDARD\s+(\d+)\s*$", re.M)
+#: how a TorchConfig.cmake names its standard: a target property ``CXX_STANDARD 20`` (2.13,
+#: 2.14), or from 2.15 a compile feature ``cxx_std_20`` with ``-std=c++20`` (``/std:c++20``)
+#: as the fallback for compilers that report no features
+_CXX_STANDARD = re.compile(
+    r"^\s*CXX_STANDARD\s+(\d+)\s*$|\bcxx_std_(\d+)\b|[-/]std[=:](?:c|gnu)\+\+(\d+)\b", re.M
+)
 _TORCH_CONFIG = "torch/share/cmake/Torch/TorchConfig.cmake"
 
 
 def cxx_standard(wheel: Path) -> int:
     """The C++ standard the official wheel's headers need: its TorchConfig.cmake's
-    ``CXX_STANDARD`` (17 up to torch 2.12, 20 from 2.13); 17 when it names none."""
+    ``CXX_STANDARD`` or ``cxx_std_NN`` (17 up to torch 2.12, 20 from 2.13); 17 when it
+    names none."""
     try:
         with zipfile.ZipFile(wheel) as zf:
             text = zf.read(_TORCH_CONFIG).decode()
@@ -121,7 +127,7 @@ def cxx_standard(wheel: Path) -> int:
         return 17
     except (zipfile.BadZipFile, OSError) as exc:
         raise BuildError(f"cannot read {wheel}: {exc} (delete it to download it again)") from None
-    found = {int(v) for v in _CXX_STANDARD.findall(text)}
+    found = {int(next(v for v in m if v)) for m in _CXX_STANDARD.findall(text)}
     if len(found) > 1:
         raise BuildError(f"{wheel.name}: {_TORCH_CONFIG} names several C++ standards {found}")
     return found.pop() if found else 17

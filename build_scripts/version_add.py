@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from build_scripts import abi, fetch, matrix, progress, series, wheelname
+from build_scripts import abi, fetch, matrix, pipconf, progress, series, wheelname
 from build_scripts.errors import BuildError
 from build_scripts.fsutil import atomic_dir, sha256_file
 
@@ -70,13 +70,20 @@ def resolve(spec: str, python: str, *, deps: bool) -> list[Resolved]:
             cmd += ["--platform", plat]
         if not deps:
             cmd.append("--no-deps")
-        proc = subprocess.run([*cmd, spec], capture_output=True, text=True, check=False)
+        # A version cap in pip's configuration would refuse the very version being added;
+        # the index configuration is kept (pipconf).
+        proc = subprocess.run(
+            [*cmd, spec],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=pipconf.pinned_download_env(),
+        )
         if proc.returncode != 0 or not report.is_file():
-            last = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")][-1:]
             raise BuildError(
-                f"pip cannot resolve {spec} for Python {python}"
-                + (f" ({last[0]})" if last else f" (exit {proc.returncode})")
-                + ": check the version and pip's index configuration"
+                f"pip cannot resolve {spec} for Python {python} "
+                f"({pipconf.reason(proc.stderr, proc.returncode)}): check the version and "
+                "that the package index your pip configuration names serves it"
             )
         data = json.loads(report.read_text())
     out = []
@@ -108,10 +115,15 @@ def as_fetched(r: Resolved, python: str, cache: Path) -> Resolved:
             "--only-binary=:all:", "--python-version", python, "--platform", platform,
             "--implementation", "cp", "--dest", tmp, f"{r.name}==={r.version}",
         ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, env=pipconf.pinned_download_env()
+        )
         got = sorted(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or len(got) != 1:
-            raise BuildError(f"pip download {r.name}==={r.version} failed (exit {proc.returncode})")
+            raise BuildError(
+                fetch.refused(f"{r.name}==={r.version}", r.filename, dest_dir, proc.stderr,
+                              proc.returncode, Path(tmp))
+            )  # fmt: skip
         digest = sha256_file(got[0])
         if got[0].name == r.filename and r.sha256 and digest != r.sha256:
             raise BuildError(f"{r.filename}: sha256 {digest}, the index says {r.sha256}")

@@ -13,7 +13,10 @@
 # CONTAINER_BASE=local substitutes the local Debian bases for the registry ones (built on
 # first use); TOOLCHAIN_BASE / RUNTIME_BASE / CUDA_DEVEL_BASE name any other (a site mirror).
 
-# TORCH_VERSION and PYTHON come from the main Makefile (its one default).
+# TORCH_VERSION and PYTHON come from the main Makefile (its one default). TORCH_VERSION's
+# default is computed by .venv's Python, so nothing here may expand it while the Makefiles
+# are read (no `:=` or `$(shell)` of it outside a recipe), and every target whose recipe
+# expands it depends on $(STAMP): on a fresh clone .venv does not exist before that.
 
 # docker, podman or buildah; the first that works, docker only with a reachable daemon.
 CONTAINER_ENGINE ?= $(shell \
@@ -67,10 +70,10 @@ RUNTIME_BASE_CUDA_13.0 ?= nvidia/cuda:13.0.1-runtime-ubuntu24.04@sha256:c3fde347
 _ENGINE := $(CONTAINER_ENGINE) $(CONTAINER_FLAGS)
 _SOURCE_COMMIT := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(shell \
   test -n "$$(git status --porcelain 2>/dev/null)" && echo -dirty)
-_SERIES_DIGEST := $(shell cat patches/$(TORCH_VERSION)/series \
+_SERIES_DIGEST = $(shell cat patches/$(TORCH_VERSION)/series \
   $$(grep -v '^\s*\(#\|$$\)' patches/$(TORCH_VERSION)/series 2>/dev/null | sed 's|^|patches/$(TORCH_VERSION)/|') \
   2>/dev/null | sha256sum | cut -c1-64)
-_CUDA_VERSION := $(shell sed -n 's/^  cuda: *"\{0,1\}\([0-9.]*\)"\{0,1\}/\1/p' patches/$(TORCH_VERSION)/upstream.yaml 2>/dev/null)
+_CUDA_VERSION = $(shell sed -n 's/^  cuda: *"\{0,1\}\([0-9.]*\)"\{0,1\}/\1/p' patches/$(TORCH_VERSION)/upstream.yaml 2>/dev/null)
 # Build products of one toolchain base never meet another's: the build cache is per base.
 CACHE_SCOPE ?= $(shell printf '%s' '$(or $(TOOLCHAIN_BASE),default)' | sha256sum | cut -c1-12)
 _EMPTY_DIR := build/container/empty
@@ -119,16 +122,16 @@ container-local-bases:
 $(_EMPTY_DIR):
 	mkdir -p $@
 
-container-toolchain: $(CONTAINER_BASE_DEPS) | $(_EMPTY_DIR)
+container-toolchain: $(STAMP) $(CONTAINER_BASE_DEPS) | $(_EMPTY_DIR)
 	$(_BUILD) $(_BUILD_ARGS) --target toolchain -t $(TOOLCHAIN_IMAGE) .
 
 # The wheel of the overlay build, exported from the `wheel` stage (FROM scratch).
-container-wheel: $(CONTAINER_BASE_DEPS) | $(_EMPTY_DIR)
+container-wheel: $(STAMP) $(CONTAINER_BASE_DEPS) | $(_EMPTY_DIR)
 	mkdir -p $(CONTAINER_DIST)
 	$(_BUILD) $(_BUILD_ARGS) --target wheel --output type=local,dest=$(CONTAINER_DIST) .
 	@ls -l $(CONTAINER_DIST)/torch-$(TORCH_VERSION)+um-*.whl
 
-container-fullsource-wheel: | $(_EMPTY_DIR)
+container-fullsource-wheel: $(STAMP) | $(_EMPTY_DIR)
 	mkdir -p $(FULLSOURCE_DIST)
 	$(_BUILD) $(_BUILD_ARGS) --target fullsource-wheel \
 	  --build-arg 'TORCH_CUDA_ARCH_LIST=$(TORCH_CUDA_ARCH_LIST)' \
@@ -141,9 +144,9 @@ container-fullsource-wheel: | $(_EMPTY_DIR)
 CONTAINER_WHEEL ?= $(lastword $(sort $(wildcard \
   $(CONTAINER_DIST)/torch-$(TORCH_VERSION)+um-cp$(subst .,,$(PYTHON))-*.whl)))
 _UM_WHEEL_DIR := build/container/um-wheel
-_RUNTIME_LOCK := docker/requirements/runtime-$(TORCH_VERSION)-py$(PYTHON).txt
+_RUNTIME_LOCK = docker/requirements/runtime-$(TORCH_VERSION)-py$(PYTHON).txt
 _RUNTIME_BASE = $(or $(RUNTIME_BASE),$(RUNTIME_BASE_CUDA_$(_CUDA_VERSION)))
-container-runtime: $(CONTAINER_BASE_DEPS)
+container-runtime: $(STAMP) $(CONTAINER_BASE_DEPS)
 	@test -f $(_RUNTIME_LOCK) || { \
 	  echo "no $(_RUNTIME_LOCK): 'make container-lock TORCH_VERSION=$(TORCH_VERSION) PYTHON=$(PYTHON)' writes it" >&2; exit 1; }
 	@test -n "$(CONTAINER_WHEEL)" && test -f "$(CONTAINER_WHEEL)" || { \
@@ -159,7 +162,7 @@ container-runtime: $(CONTAINER_BASE_DEPS)
 
 # The smoke check (the image's default command) in a container; on a host without a GPU it
 # checks import, version and engine, and says that the device check was skipped.
-container-smoke:
+container-smoke: $(STAMP)
 ifeq ($(CONTAINER_ENGINE),buildah)
 	ctr=$$($(_ENGINE) from $(RUNTIME_IMAGE)) && \
 	  { $(_ENGINE) run $(CONTAINER_RUN_FLAGS) $$ctr -- torch-um-smoke-check; rc=$$?; \
@@ -177,7 +180,7 @@ container-test: $(STAMP)
 # Hash-pinned requirements: the runtime lock of TORCH_VERSION/PYTHON (what the official
 # torch wheel depends on, torch itself left out); container-lock-all rewrites every
 # committed lock. Both ask the registry (a few metadata look-ups, nothing installed).
-container-lock:
+container-lock: $(STAMP)
 	python3 docker/lock.py --python $(PYTHON) --exclude torch --out $(_RUNTIME_LOCK) \
 	  torch==$(TORCH_VERSION) setuptools==75.8.0
 

@@ -418,10 +418,14 @@ def test_corrupt_cached_wheel_with_its_mtime_kept_is_downloaded_again(
     assert f"==> cached {wheel} has sha256 " in err
     assert f"not the pinned {PIN.sha256}: removing it and downloading it again" in err
     assert err.splitlines()[-1] == (
-        f"error: pip download torch===2.11.0 did not produce {PIN.filename} (exit 1, got "
-        "nothing). Check the network and pip's index configuration, or put the file into "
-        f"{wheel.parent} by hand."
+        f"error: cannot download {PIN.filename} (pip download torch===2.11.0): no network here "
+        "(pip exit 1). The build asks the package index your pip configuration names "
+        "(index-url, extra-index-url, find-links in pip.conf or PIP_* variables; version caps "
+        "and constraints are lifted for pinned files): check the network and that this index "
+        f"serves the file, or put the file into {wheel.parent} by hand (it is checked against "
+        "its pinned sha256)"
     )
+    assert "ERROR: no network here" not in err  # pip's own line is not printed as well
     assert len(pip) == 1 and not wheel.exists()
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from build_scripts import cli, pipeline
+from build_scripts import cli, matrix, pipeline
 from build_scripts.paths import REPO_ROOT
 
 
@@ -31,8 +31,18 @@ def test_module_entry_point_prints_no_traceback() -> None:
 
 
 def test_versions_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """One line a version: the version, a tab, its GPU record or none; the default marked."""
     assert cli.main(["versions"]) == 0
-    assert "2.6.0" in capsys.readouterr().out.split()
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split("\t")[0] for ln in lines] == matrix.supported_versions()
+    default = matrix.default_version()
+    record = matrix.load(default).gpu_verified
+    assert f"{default}\tgpu_verified: {record} (default)" in lines
+    unverified = [v for v in matrix.supported_versions() if not matrix.load(v).gpu_verified]
+    assert unverified  # 2.7.1 at least
+    for v in unverified:
+        assert f"{v}\tnot verified on a GPU" in lines
+    assert sum("(default)" in ln for ln in lines) == 1
 
 
 def test_validate_command_on_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

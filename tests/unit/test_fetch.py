@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,9 @@ def test_pip_download_failure_says_what_to_do(
 ) -> None:
     monkeypatch.setattr(subprocess, "run", _fake_pip(None, rc=1))
     with pytest.raises(
-        BuildError, match=r"pip download pkg==1.0 did not produce pkg-1.0-py3-none-any.whl \(exit 1"
+        BuildError,
+        match=r"^cannot download pkg-1.0-py3-none-any.whl \(pip download pkg==1.0\): pip exited "
+        r"with status 1 and printed no reason\. .* or put the file into .* by hand",
     ):
         fetch.pip_download(
             "pkg==1.0",
@@ -119,3 +122,32 @@ def test_pip_download_uses_cached_file(tmp_path: Path, monkeypatch: pytest.Monke
         platform="any",
     )
     assert got == tmp_path / "pkg-1.0-py3-none-any.whl"
+
+
+def test_pip_download_lifts_constraints_and_keeps_the_users_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pinned download runs pip with the caller's environment (its index settings), and
+    with pip's constraints lifted: a site's cap on versions does not refuse a pinned file."""
+    seen: dict[str, str] = {}
+    fake = _fake_pip(b"wheel-bytes")
+
+    def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        seen.update(kwargs["env"])
+        return fake(cmd, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setenv("PIP_CONSTRAINT", "/etc/site/cap.txt")
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.invalid/simple")
+    monkeypatch.setenv("PIP_FIND_LINKS", "/srv/wheels")
+    monkeypatch.setattr(subprocess, "run", run)
+    fetch.pip_download(
+        "pkg==1.0",
+        "pkg-1.0-py3-none-any.whl",
+        sha(b"wheel-bytes"),
+        tmp_path,
+        python_version="3.11",
+        platform="any",
+    )
+    assert seen["PIP_CONSTRAINT"] == os.devnull
+    assert seen["PIP_INDEX_URL"] == "https://mirror.invalid/simple"
+    assert seen["PIP_FIND_LINKS"] == "/srv/wheels"

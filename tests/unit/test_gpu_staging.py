@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.gpu import host_extras, ship, stage_torch
+from tests.gpu import compare_imports, host_extras, ship, stage_torch
 
 
 def _sha(data: bytes) -> str:
@@ -219,3 +221,63 @@ def test_a_gpu_runner_passes_its_jobs_status_and_output_on(tmp_path: Path) -> No
     assert sorted(done.stdout.split()) == ["err", "out"]  # shown as well as logged
     lines = (tmp_path / "log.txt").read_text().splitlines()
     assert sorted(lines[:2]) == ["err", "out"] and lines[2] == "status 3"
+
+
+def _shared_library(tmp: Path, name: str, code: str, *link: str) -> Path:
+    """A small shared library compiled from C ``code`` (undefined symbols allowed)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or shutil.which("nm") is None or shutil.which("readelf") is None:
+        pytest.skip("needs a C compiler, nm and readelf")
+    src = tmp / f"{name}.c"
+    src.write_text(code)
+    out = tmp / name
+    subprocess.run(
+        [cc, "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", str(out), str(src), *link],
+        check=True,
+    )
+    return out
+
+
+def _wheel_of(path: Path, members: dict[str, Path]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, lib in members.items():
+            zf.write(lib, name)
+    return path
+
+
+def test_compare_imports_names_what_the_host_lacks_and_what_an_extra_adds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A symbol counts as on the host when a host library defines it or the host's torch
+    imports it; weak imports and the Python C API do not count as missing."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    host = _shared_library(libs, "libhost.so.1", "int foo(void) { return 1; }\n")
+    extra = _shared_library(libs, "libextra.so.2", "int bar(void) { return 2; }\n")
+    old = _shared_library(libs, "libold.so", "int baz(void);\nint old(void) { return baz(); }\n")
+    new = _shared_library(
+        libs,
+        "libnew.so",
+        "int foo(void); int bar(void); int baz(void); int PyThing_Do(void);\n"
+        "extern int weakone(void) __attribute__((weak));\n"
+        "int f(void) { return foo() + bar() + baz() + PyThing_Do() + (weakone ? weakone() : 0); }\n",
+        str(host),
+    )
+    host_torch = _wheel_of(tmp_path / "torch-1.0-cp312.whl", {"torch/lib/libold.so": old})
+    new_torch = _wheel_of(tmp_path / "torch-2.0-cp312.whl", {"torch/lib/libnew.so": new})
+    host_dir = tmp_path / "host"
+    host_dir.mkdir()
+    _wheel_of(host_dir / "host-1.0.whl", {"pkg/lib/libhost.so.1": host})
+    extra_whl = _wheel_of(tmp_path / "extra-1.0.whl", {"pkg/lib/libextra.so.2": extra})
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copy(extra, ref)  # a folder of libraries: the new torch's own pins
+
+    args = [str(new_torch), "--host-torch", str(host_torch), "--host", str(host_dir)]
+    assert compare_imports.main([*args, "--ref", str(ref)]) == 1
+    out = capsys.readouterr().out
+    assert "libnew.so (no library needs it):\n  1 symbol(s) of libextra.so.2: bar\n" in out
+    assert out.endswith("1 thing(s) missing on the host\n")
+    assert compare_imports.main([*args, "--extra", str(extra_whl)]) == 0
+    out = capsys.readouterr().out
+    assert "libnew.so: everything it imports is on the host\n" in out

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import get_args
 
@@ -159,3 +160,47 @@ def test_default_version_is_the_newest_gpu_verified_one(tmp_path: Path) -> None:
     write_matrix(root, {**matrix_doc("9.3.0"), "gpu_verified": "missing.md"})
     with pytest.raises(BuildError, match="gpu_verified must name a GPU record"):
         matrix.load("9.3.0", root)
+
+
+def test_the_default_version_is_computed_only_after_the_venv_exists(tmp_path: Path) -> None:
+    """On a fresh clone .venv does not exist while make reads the Makefiles, and its Python
+    computes the default version: reading them (docker/docker.mk included) must not expand
+    TORCH_VERSION, or the default is '' for the whole run (issue 56). Here .venv's Python
+    is a script that records each call and prints a version."""
+    calls = tmp_path / "calls"
+    vpy = tmp_path / "python"
+    vpy.write_text(f'#!/bin/sh\necho "$*" >> {calls}\necho 9.9.9\n')
+    vpy.chmod(0o755)
+
+    def make_n(target: str) -> str:
+        proc = subprocess.run(
+            ["make", "--no-print-directory", "-n", target, f"VPY={vpy}", "STAMP="],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    make_n("help")  # -n: only what reading the Makefiles runs
+    assert not calls.exists()
+    out = make_n("build")  # the recipe is expanded, after its prerequisite $(STAMP)
+    assert f"{vpy} -m build_scripts build --torch-version='9.9.9'" in out
+    assert calls.read_text().splitlines() == ["-m build_scripts versions --default"]
+
+
+def test_ci_builds_the_default_with_no_arguments_before_anything_else() -> None:
+    """.ci/run (CI, on a fresh clone) runs the README's first command, `make build` with no
+    TORCH_VERSION, before `make test` has made .venv, and checks the wheel it built."""
+    lines = [ln.strip() for ln in (REPO_ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = [ln for ln in lines if ln and not ln.startswith("#")]
+    build = next(i for i, ln in enumerate(commands) if ln.startswith("make ") and " build" in ln)
+    assert "TORCH_VERSION" not in commands[build]
+    assert not any(ln.startswith(("make", ".venv/bin")) for ln in commands[:build])
+    after = commands[build:]
+    assert any("build_scripts validate" in ln for ln in after)
+    assert any("versions --default" in ln for ln in after)
+    assert after.index("make test") > max(
+        i for i, ln in enumerate(after) if "build_scripts validate" in ln
+    )

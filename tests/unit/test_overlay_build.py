@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,40 @@ def test_built_library_changed_in_the_cache_is_linked_again(tmp_path: Path) -> N
     good = lib.read_bytes()
     lib.write_bytes(b"\x7fELF poisoned" + good[14:])  # newer than its inputs, same size
     assert overlay_build.build(inputs, build_dir).read_bytes() == good
+
+
+@pytest.mark.parametrize(
+    ("config", "standard"),
+    [
+        (None, 17),  # no TorchConfig.cmake
+        ("set_target_properties(torch PROPERTIES\n", 17),  # names none (up to 2.12)
+        ("set_target_properties(torch PROPERTIES\n    CXX_STANDARD 20\n)\n", 20),  # 2.13, 2.14
+        (  # 2.15: a compile feature, -std=c++20 where the compiler reports none
+            'if("cxx_std_20" IN_LIST CMAKE_CXX_COMPILE_FEATURES)\n'
+            "  target_compile_features(torch INTERFACE cxx_std_20)\nelse()\n"
+            '  set_property(TARGET torch APPEND PROPERTY INTERFACE_COMPILE_OPTIONS "-std=c++20")\n'
+            "endif()\n",
+            20,
+        ),
+    ],
+)
+def test_cxx_standard_of_the_wheels_torch_config(
+    tmp_path: Path, config: str | None, standard: int
+) -> None:
+    wheel = tmp_path / "torch-9.1.0-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("torch/__init__.py", "")
+        if config is not None:
+            zf.writestr("torch/share/cmake/Torch/TorchConfig.cmake", config)
+    assert overlay_build.cxx_standard(wheel) == standard
+
+
+def test_torch_config_naming_two_standards_is_an_error(tmp_path: Path) -> None:
+    wheel = tmp_path / "torch-9.1.0-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(
+            "torch/share/cmake/Torch/TorchConfig.cmake",
+            "target_compile_features(torch INTERFACE cxx_std_20)\n  CXX_STANDARD 17\n",
+        )
+    with pytest.raises(BuildError, match="names several C\\+\\+ standards"):
+        overlay_build.cxx_standard(wheel)
