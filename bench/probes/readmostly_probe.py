@@ -1,7 +1,7 @@
 """Which CUDA call drops a read-only (ReadMostly) duplicate from the GPU and keeps the host
 copy, and what each step costs (issue 8: evicting read-only data without a write-back).
 
-    python -m bench.readmostly_probe        # on the GPU host, any torch built for CUDA 13
+    python -m bench.probes.readmostly_probe        # on the GPU host, any torch built for CUDA 13
 
 Allocates 1 GiB ranges with cudaMallocManaged directly (not through the engine: the driver's
 own behaviour is measured), one at a time, asserting they stay far under 80 % of free GPU

@@ -1,6 +1,6 @@
 """Does the GPU's traffic over the link slow the host's CPU? (the slow state, issue 8)
 
-    python -m bench.link_cpu_probe [--gib 1] [--seconds 4] [--rounds 2] [--json FILE]
+    python -m bench.probes.link_cpu_probe [--gib 1] [--seconds 4] [--rounds 2] [--json FILE]
 
 The GPU hosts' CPUs run at half to two thirds of their speed at times (bench/README.md,
 step 25: a fixed piece of pure-Python work, the canary, takes 1.5-2.2 ms instead of 1.0-1.2).
@@ -21,7 +21,7 @@ process runs phases of ``--seconds`` each, an ``idle`` phase before every load, 
   (``torch._foreach_copy_`` from a device view of it: zero-copy reads);
 - ``sm-managed``: the same from managed memory placed in host RAM (preferred location host,
   accessed by the GPU), as the weight streamer's copies read it;
-- ``lean-managed``: the same by ``bench.overlap_probe``'s copy kernel of two blocks, each
+- ``lean-managed``: the same by ``bench.probes.overlap_probe``'s copy kernel of two blocks, each
   thread with eight 16-byte loads in flight (the engine's lean kernel, Note [Lean copies]).
 
 Per phase it prints the canary's median and 90th percentile, the share of readings slower
@@ -108,9 +108,9 @@ def _watch(cpu: int, stop: Any, out: Any) -> None:
 def _loads(torch: Any, nbytes: int) -> dict[str, Callable[[], int]]:
     """Each load as a function that queues one round of it and returns its bytes over the
     link (0 for ``gpu``); made here so that the memory is allocated once."""
-    from bench.evict_routes import HOST, Cuda
-    from bench.overlap_probe import LEAN_SOURCE
-    from bench.populate_probe import Span
+    from bench.probes.evict_routes import HOST, Cuda
+    from bench.probes.overlap_probe import LEAN_SOURCE
+    from bench.probes.populate_probe import Span
 
     cuda = Cuda()
     if nbytes > 0.8 * cuda.free_bytes():

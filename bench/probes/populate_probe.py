@@ -1,7 +1,7 @@
 """What it costs to bring fresh managed pages into existence, by route (issue 8, "a
 segment's first use does not pay for fault-driven population"; Listing 1's first run).
 
-    python -m bench.populate_probe [GiB] [--json FILE] [--discards-only | --making-only]
+    python -m bench.probes.populate_probe [GiB] [--json FILE] [--discards-only | --making-only]
 
 Every route takes a fresh ``cudaMallocManaged`` range of GiB (default 2), straight
 through libcudart (the engine is not in the way), and times:
@@ -41,8 +41,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import command_line, machine
-from bench.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, threaded, timed
 from bench.host_memory import rss_bytes
+from bench.probes.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, threaded, timed
 
 GiB = 1 << 30
 COPY_DEFAULT = 4  # cudaMemcpyDefault
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     def save(path: str, **parts: Any) -> None:
         """The record: how it was run, where, the range size, then the probe's rows."""
-        head = {"command": command_line("bench.populate_probe"), "machine": machine(torch)}
+        head = {"command": command_line("bench.probes.populate_probe"), "machine": machine(torch)}
         with open(path, "w") as f:
             json.dump({**head, "bytes": n, "free_at_start": free, **parts}, f, indent=1)
 

@@ -7,7 +7,7 @@
 // loop over 2 MiB chunks of a small managed arena (at most 1 GiB, and never more than
 // a fifth of the free memory read at start: far inside the device).
 //
-//   nvcc -O2 -std=c++17 -Ic10_overlay -o launch_contention bench/launch_contention.cu
+//   nvcc -O2 -std=c++17 -Ic10_overlay -o launch_contention bench/probes/launch_contention.cu
 //   ./launch_contention [LAUNCHES]      (launches in an idle row, 20000; a tenth in the others)
 //
 // Rows (one JSON object each on stdout, with the launch times and the other calls'

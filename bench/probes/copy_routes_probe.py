@@ -1,6 +1,6 @@
 """What a copy between a CPU tensor and a GPU tensor costs in the +um torch, by route.
 
-    python -m bench.copy_routes_probe [--gib 2] [--reps 3]   # on the GPU host, +um torch
+    python -m bench.probes.copy_routes_probe [--gib 2] [--reps 3]   # on the GPU host, +um torch
 
 Listing 1 (bench.oversubscribe) copies 8 GiB in and out with ``Tensor.to`` and ``copy_``;
 under ``host_alloc:managed`` its CPU tensors are managed memory placed in host RAM, and

@@ -2,7 +2,7 @@
 ahead] in torch/cuda/_um_predict.py: the saved-activation offload's buffers). Stock torch
 is enough; nothing here is managed memory.
 
-    python -m bench.pinned_alloc_probe [--gib 4] [--buffer-mib 8] [--json FILE]
+    python -m bench.probes.pinned_alloc_probe [--gib 4] [--buffer-mib 8] [--json FILE]
 
 For each route (torch's ``cudaHostAlloc``, the default; ``pinned_use_cuda_host_register``
 with 8 or 16 threads: ``malloc``, pages touched by those threads, then
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             args = ["--conf", conf, "--threads", str(threads), "--gib", str(a.gib)]
             args += ["--buffer-mib", str(a.buffer_mib)]
             base = {"route": route, "conf": conf, "threads": threads}
-            row = run_worker_safely("bench.pinned_alloc_probe", args, None, a.timeout, base)
+            row = run_worker_safely("bench.probes.pinned_alloc_probe", args, None, a.timeout, base)
             host = host or row.pop("machine", None)
             row.pop("machine", None)
             rows.append(row)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     if a.json:
-        record = {"command": command_line("bench.pinned_alloc_probe"), "machine": host}
+        record = {"command": command_line("bench.probes.pinned_alloc_probe"), "machine": host}
         with open(a.json, "w") as f:
             json.dump({**record, "buffer_bytes": buffer, "rows": rows}, f, indent=1)
     return 1 if any("error" in r or not (r["pinned"] and r["intact"]) for r in rows) else 0

@@ -1,7 +1,7 @@
 """Do two ranks' transfers slow each other down? (issue 8's DDP bar: each rank within 1.2x
 of the single-GPU time at the same budget.)
 
-    python -m bench.ranks_probe [GiB] [--json FILE]      # on a host with 2 GPUs
+    python -m bench.probes.ranks_probe [GiB] [--json FILE]      # on a host with 2 GPUs
 
 Each route runs in one worker process per GPU (CUDA_VISIBLE_DEVICES, as DDP runs one
 process per rank), first on GPU 0 alone and then on GPUs 0 and 1 at once; the workers set
@@ -63,7 +63,7 @@ def worker(nbytes: int) -> None:
     """Set up on this process's GPU, then time one route per line read from stdin."""
     import torch
 
-    from bench.evict_routes import DEVICE, HOST, Cuda, timed
+    from bench.probes.evict_routes import DEVICE, HOST, Cuda, timed
 
     cuda = Cuda()
     if nbytes > 0.8 * cuda.free_bytes():
@@ -128,7 +128,7 @@ def _run(gpus: list[int], nbytes: int) -> list[dict[str, list[float]]]:
     procs = []
     for gpu in gpus:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
-        cmd = [sys.executable, "-m", "bench.ranks_probe", "--worker", str(nbytes)]
+        cmd = [sys.executable, "-m", "bench.probes.ranks_probe", "--worker", str(nbytes)]
         procs.append(
             subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         )

@@ -2,8 +2,9 @@
 stock's, and how long the compute stream sits idle (issue 8: is a step bound by transfers,
 by kernels reading host RAM in place, or by a compute thread that cannot run ahead?).
 
-    python -m bench.timeline_probe --mode um [--workload train|infer] [--steps 3] [--budget B]
-    python -m bench.timeline_probe --mode stock                 # the same on stock torch
+    python -m bench.probes.timeline_probe --mode um [--workload train|infer] [--steps 3]
+        [--budget B]
+    python -m bench.probes.timeline_probe --mode stock                 # the same on stock torch
 
 Runs bench.residency's train workload (its model, ``--model``: the 1.28 B GPT-2 by default;
 AdamW, batch 4 x 1024) or its infer

@@ -2,7 +2,7 @@
 bit for bit, run after run? (issue 8: the optimizer-staging GPU test's runs with staging
 off left the in-memory losses now and then; this probe counts how often, per setting.)
 
-    python -m bench.divergence_probe [--reps 12] [--budget 256MiB] [--staging]
+    python -m bench.probes.divergence_probe [--reps 12] [--budget 256MiB] [--staging]
         [--settings predict:True predict:False hooks:False discard:False ...]
 
 On a +um torch. Trains the staging test's model (six Linear(1536) + Tanh blocks, batch
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.use_deterministic_algorithms(True, warn_only=True)
     record: dict[str, Any] = {
-        "probe": "divergence", "command": command_line("bench.divergence_probe"),
+        "probe": "divergence", "command": command_line("bench.probes.divergence_probe"),
         "machine": machine(torch), "reps": a.reps, "budget": budget, "staging": a.staging,
         "rows": [],
     }  # fmt: skip

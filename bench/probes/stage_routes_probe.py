@@ -4,7 +4,7 @@ lives in host RAM, by a copy (``copy_``: cudaMemcpyAsync) and by a kernel
 both in one foreach launch; and the same for page-locked host memory (issue 8, Note
 [Optimizer state staging]: the optimizer state is staged this way).
 
-    python -m bench.stage_routes_probe        # on the GPU host, a +um torch
+    python -m bench.probes.stage_routes_probe        # on the GPU host, a +um torch
 
 Two 1 GiB managed tensors moved to host RAM with torch.cuda.um.prefetch before each
 measurement, two on the device (4 GiB managed in all, max_managed at 80 % of free memory).

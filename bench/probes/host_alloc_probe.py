@@ -1,7 +1,7 @@
 """What managed host memory costs the CPU side (Note [Managed host memory]): the numbers
 behind host_alloc's default. One process, +um torch, on the GPU host:
 
-    python -m bench.host_alloc_probe [--gib 1]
+    python -m bench.probes.host_alloc_probe [--gib 1]
 
 Prints one JSON line: first-touch write and read bandwidth of a CPU tensor in ordinary and
 in managed host memory, the time to allocate and free a 4 MiB tensor each way, what a

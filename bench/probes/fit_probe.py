@@ -1,8 +1,8 @@
 """What the +um torch costs the host when the data fits (issue 8's bar "at most 1.01 against
 stock when the data fits"; bench/README.md, prediction step 31).
 
-    python -m bench.fit_probe --mode um    [--workload gpt|resnet50|gpt-tiny] [--pairs 3]
-    python -m bench.fit_probe --mode stock [--workload gpt] [--pairs 3] [--steps 20]
+    python -m bench.probes.fit_probe --mode um    [--workload gpt|resnet50|gpt-tiny] [--pairs 3]
+    python -m bench.probes.fit_probe --mode stock [--workload gpt] [--pairs 3] [--steps 20]
 
 The GPU suite's time bar (tests/gpu/test_training.py) failed with every block in the CPU's
 slow state: the small models' steps are bound by the host there, and the +um torch's steps

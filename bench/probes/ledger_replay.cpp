@@ -3,7 +3,7 @@
 // victims or another, and prints what each would have moved (bench/README.md,
 // prediction step 36). No GPU and no torch: the ledger only.
 //
-//   g++ -std=c++17 -O2 -Ic10_overlay -o ledger_replay bench/ledger_replay.cpp
+//   g++ -std=c++17 -O2 -Ic10_overlay -o ledger_replay bench/probes/ledger_replay.cpp
 //       c10_overlay/c10/cuda/um/Residency.cpp c10_overlay/c10/cuda/um/LedgerTrace.cpp
 //   TORCH_UM_LEDGER_TRACE=/tmp/run <a +um job>      (writes /tmp/run.<pid>)
 //   ./ledger_replay /tmp/run.<pid> [--from FRACTION]

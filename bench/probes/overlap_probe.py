@@ -1,6 +1,6 @@
 """Does a weight copy running beside an inference forward slow the forward, by route?
 
-    python -m bench.overlap_probe [--gib 1.3] [--reps 10] [--json FILE]   # on the GPU host
+    python -m bench.probes.overlap_probe [--gib 1.3] [--reps 10] [--json FILE]   # on the GPU host
 
 The weight streamer (Note [Weight streaming], torch/cuda/_um_weights.py) copies about
 1.3 GB of weights from host RAM into a ring of device memory on a side stream while the
@@ -103,7 +103,7 @@ def product_streams() -> Any:
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "c10_overlay/torch/cuda/_um_streams.py"
+    path = Path(__file__).resolve().parents[2] / "c10_overlay/torch/cuda/_um_streams.py"
     spec = importlib.util.spec_from_file_location("um_streams_for_probe", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers = importlib.import_module("transformers")
 
-    from bench.evict_routes import HOST, Cuda
-    from bench.populate_probe import Span
+    from bench.probes.evict_routes import HOST, Cuda
+    from bench.probes.populate_probe import Span
 
     cuda = Cuda()
     total = int(args.gib * GiB) // CHUNK * CHUNK

@@ -9,7 +9,7 @@ the residency policy depends on, without the engine in the way:
 
 Run on the GPU host (plain libcudart, no +um torch needed; torch only finds the library):
 
-    python3 bench/evict_routes.py [GiB] [--json FILE]
+    python3 bench/probes/evict_routes.py [GiB] [--json FILE]
 
 It allocates two ranges of GiB (default 4) with cudaMallocManaged and refuses to run if that
 is more than 80 % of the free GPU memory. Prints one line per route in GB/s.

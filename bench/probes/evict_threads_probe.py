@@ -2,7 +2,7 @@
 and how does it depend on the size of the ranges in one batch call? (issue 8: training
 past the budget is bound by the evictor, design notes §9.)
 
-    python -m bench.evict_threads_probe [--gib 4] [--repeat 2]
+    python -m bench.probes.evict_threads_probe [--gib 4] [--repeat 2]
 
 Allocates --gib of managed memory with cudaMallocManaged directly (asserted under 80 % of
 free GPU memory), in 8 equal ranges resident on the GPU, and evicts them all to host RAM
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from bench.readmostly_probe import GPU, HOST, Array, Location, Runtime
+from bench.probes.readmostly_probe import GPU, HOST, Array, Location, Runtime
 
 RANGES = 8
 

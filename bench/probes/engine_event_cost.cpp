@@ -10,7 +10,7 @@
 //         what the ledger waits for memory (Note [Finding a segment], Residency.cpp).
 //
 //   g++ -std=c++17 -O2 -Ic10_overlay -Itests/engine/cuda_stub -o engine_event_cost
-//       bench/engine_event_cost.cpp c10_overlay/c10/cuda/um/Residency.cpp -lpthread
+//       bench/probes/engine_event_cost.cpp c10_overlay/c10/cuda/um/Residency.cpp -lpthread
 //   ./engine_event_cost [PAIRS]      (allocation-and-free pairs a size, 2000000 hot,
 //                                     a tenth of that cold)
 #include <c10/cuda/um/Residency.h>

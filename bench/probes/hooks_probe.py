@@ -1,8 +1,8 @@
 """Whether an inference forward past the budget is bound by the host or by the device, and
 what the module hooks of the +um Python layer cost the host (issue 8, prediction step 15).
 
-    python -m bench.hooks_probe --mode um [--conf TEXT] [--forwards 6] [--profile]
-    python -m bench.hooks_probe --mode stock          # the same forward on stock torch
+    python -m bench.probes.hooks_probe --mode um [--conf TEXT] [--forwards 6] [--profile]
+    python -m bench.probes.hooks_probe --mode stock          # the same forward on stock torch
 
 Runs bench.residency's infer workload (its model, ``--model``: the 1.28 B GPT-2 by
 default; batch 8 x 512 under inference_mode; ``um`` at the 2 GiB budget, total-managed
