@@ -218,7 +218,7 @@ def test_ledger_replay_stops_pricing_blocks_when_a_moved_one_leaves(tmp_path: Pa
     assert [json.loads(row)["order"] for row in done.stdout.splitlines()] == ["lru", "belady"]
 
 
-RECORDED = ROOT / "bench" / "results" / "ledger-replay-h200-2026-11-27-step37.json"
+RECORDED = ROOT / "docs" / "notes" / "results" / "ledger-replay-h200-2026-11-27-step37.json"
 
 
 def test_recorded_gpu_traces_replay_to_the_runs_counters(tmp_path: Path) -> None:
@@ -226,8 +226,8 @@ def test_recorded_gpu_traces_replay_to_the_runs_counters(tmp_path: Path) -> None
     workers on the H200) replay, with sanitizers on, to the bytes each run's engine
     counted, and neither Belady's order nor the residency-aware block choice (step 37)
     moves more. A change to the ledger's decisions shows
-    here: if it is meant, replay the traces with bench/probes/ledger_replay.cpp, say what moved in
-    bench/README.md, and update the expected rows of the JSON beside the traces."""
+    here: if it is meant, replay the traces with bench/probes/ledger_replay.cpp, say what moved in a
+    lab note (docs/notes/), and update the expected rows of the JSON beside the traces."""
     exe = build_engine_test(
         tmp_path / "ledger_replay", LEDGER_REPLAY, "-fsanitize=address,undefined",
         "-fno-sanitize-recover=all",
