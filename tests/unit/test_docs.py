@@ -161,3 +161,32 @@ def test_citations_read_patterns_and_paths(tmp_path: Path) -> None:
         "bench/results/step_time-h200-2026-11-21.json",
         "bench/results/step_time-h200-2026-11-21.png",
     ]
+
+
+def test_configure_takes_exactly_the_documented_keys() -> None:
+    """torch.cuda.um.configure()'s keywords (read from its source: um.py needs torch to
+    import) are the keys docs/settings.md documents: the Python layer has none of its own."""
+    source = (REPO_ROOT / "c10_overlay" / "torch" / "cuda" / "um.py").read_text()
+    signature = re.search(r"^def configure\(\n(.*?)\n\) -> None:", source, re.M | re.S)
+    assert signature is not None
+    keywords = re.findall(r"^    (\w+): ", signature.group(1), re.M)
+    assert sorted(k for k in keywords if k != "conf") == sorted(config_keys())
+
+
+def test_readme_and_bench_readme_stay_short() -> None:
+    readme = (REPO_ROOT / "README.md").read_text().splitlines()
+    assert len(readme) <= 250
+    fence = False
+    for n, line in enumerate(readme, 1):
+        fence ^= line.startswith("```")
+        if not fence and not line.startswith(("|", "```")):
+            assert len(line) <= 200, f"README.md:{n}: a prose line over 200 characters"
+    results = "\n".join(readme).split("## Results")[1].split("\n## ")[0]
+    # every number of the results section is a link to its record
+    bare = re.sub(r"\[[^\]]*\]\([^)]*\)", "", results)
+    bare = re.sub(r"`[^`]*`|\d+(\.\d+)? (GiB|B)\b|\d+ x \d+|\b\d+ new tokens|H200s?|Gen5|torch [\d.]+\+cu\d+", "", bare)
+    assert not re.findall(r"\d+\.\d+", bare), "README.md, Results: a measured number without a link"
+    links = re.findall(r"\[[\d.]+[^\]]*\]\(([^)]+)\)", results)
+    assert links and all(link.startswith("bench/results/") for link in links), links
+    assert all((REPO_ROOT / link).is_file() for link in links)
+    assert len((REPO_ROOT / "bench" / "README.md").read_text().splitlines()) <= 300
