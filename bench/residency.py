@@ -989,7 +989,7 @@ def _run(
     trace_dir = os.environ.get("TORCH_UM_BENCH_TRACE_DIR")
     if trace_dir and workload not in TRAINING:
         # After the timed steps, two more under torch.profiler: where this very run's
-        # forward time goes, in the state its steps left (bench.timeline_probe starts
+        # forward time goes, in the state its steps left (bench.probes.timeline_probe starts
         # its own process, and the streamer's state depends on its history).
         _profiled_steps(torch, model, ids, workload, Path(trace_dir) / f"{workload}-{mode}.json.gz")
     times = clock.times

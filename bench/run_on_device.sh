@@ -12,7 +12,8 @@
 #       # commit's bundle (carry it too)
 #
 # Results (JSON) and logs go to $OUT (default .device/bench); copy the JSON to
-# bench/results/ and run `python -m bench.plot` there. Set TORCH_UM_COMMIT to the commit
+# bench/results/ and run `python -m bench.plot` there (a record that only a lab note cites
+# goes to docs/notes/results/ instead: bench/README.md, "Current results"). Set TORCH_UM_COMMIT to the commit
 # of the tree you sent (`git rev-parse HEAD` here): the GPU host's copy of .git may be an
 # earlier one, and the records would name its HEAD.
 set -euo pipefail

@@ -110,7 +110,7 @@ def staged_mlp_run(
     """Eight steps of a 6-layer MLP (57 MB of fp32 weights, as much in gradients, ~300 MB
     of saves) with the given optimizer and a StepLR; the losses and the final weights (on
     the CPU). Checked bit for bit by tests/gpu (optimizer state staging) and counted by
-    bench/divergence_probe.py. With ``um``, the optimizer state is sent to host RAM after
+    bench/probes/divergence_probe.py. With ``um``, the optimizer state is sent to host RAM after
     each step, as a larger forward would push it there: this small model's state would
     otherwise stay on the device. ``hooked``: a step pre-hook of the program's own, which
     turns the staging off (Note [Optimizer state staging])."""

@@ -211,7 +211,7 @@ def test_ledger_trace_replays_to_the_engines_counters(
     torch_mod: Any, um: Any, limits: Limits, tmp_path: Path
 ) -> None:
     """Note [Ledger traces]: a process past a small budget records its ledger's calls
-    (TORCH_UM_LEDGER_TRACE), and bench/ledger_replay.cpp, built here, replays the file to
+    (TORCH_UM_LEDGER_TRACE), and bench/probes/ledger_replay.cpp, built here, replays the file to
     the very bytes the engine counted: discarded, placed again, evicted, brought back."""
     from tests.unit.helpers import ROOT, build_engine_test
 

@@ -538,7 +538,7 @@ def test_unstaged_training_is_bit_exact_run_after_run(
     discard-and-prefetch, about one run in seven of this training (staging off, so the
     optimizer reads its state in host RAM) left the in-memory losses at step 3-7 on an
     H200. Six runs past the budget must all give the in-memory losses and weights bit for
-    bit (bench/divergence_probe.py counts the same over more runs and settings)."""
+    bit (bench/probes/divergence_probe.py counts the same over more runs and settings)."""
     make = STAGED_OPTIMIZERS[name]
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:

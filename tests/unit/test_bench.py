@@ -16,13 +16,12 @@ import pytest
 
 from bench import (
     common,
-    divergence_probe,
-    link_cpu_probe,
     models,
     oversubscribe,
     residency,
     step_time,
 )
+from bench.probes import divergence_probe, link_cpu_probe
 
 
 def _step(model: str, mode: str, ms: float) -> dict[str, object]:
@@ -210,7 +209,7 @@ def test_at_full_speed_keeps_the_times_whose_canary_was_fast() -> None:
 
 
 def test_fit_probe_counts_the_events_of_timed_steps_only() -> None:
-    from bench import fit_probe
+    from bench.probes import fit_probe
 
     counter = {"events": 500}  # the workload's setup made these before the first step
     synced: list[int] = []
@@ -244,7 +243,7 @@ def test_fit_probe_counts_the_events_of_timed_steps_only() -> None:
 
 
 def test_hooks_probe_by_route_splits_the_forwards_and_the_canaries_after_them() -> None:
-    from bench import hooks_probe
+    from bench.probes import hooks_probe
 
     first = {
         "routes": ["lean", "green", "green", "lean", "lean"],
@@ -640,7 +639,7 @@ def test_worker_result_reads_the_last_result_line() -> None:
 
 
 def test_timeline_gaps_split_into_host_late_and_device_wait() -> None:
-    from bench import timeline_probe
+    from bench.probes import timeline_probe
 
     def kernel(ts: float, dur: float, corr: int, name: str = "sm90_gemm") -> dict[str, object]:
         args = {"stream": 7, "correlation": corr}
@@ -704,7 +703,7 @@ def test_timeline_gaps_split_into_host_late_and_device_wait() -> None:
 
 
 def test_timeline_kernels_by_stream_and_their_overlap() -> None:
-    from bench import timeline_probe
+    from bench.probes import timeline_probe
 
     def kernel(ts: float, dur: float, stream: int) -> dict[str, object]:
         return {"cat": "kernel", "ph": "X", "ts": ts, "dur": dur, "name": "k", "args": {"stream": stream}}
@@ -726,7 +725,7 @@ def test_timeline_kernels_by_stream_and_their_overlap() -> None:
 
 
 def test_timeline_unpack_parts_split_the_backward_at_the_first_save_that_left() -> None:
-    from bench import timeline_probe
+    from bench.probes import timeline_probe
 
     def read(left: bool, evicted: int, room: int) -> dict[str, object]:
         return {"left": left, "evicted": evicted, "room": room}
@@ -754,7 +753,7 @@ def test_timeline_unpack_parts_split_the_backward_at_the_first_save_that_left() 
 def test_timeline_phase_bins_say_when_the_link_and_the_compute_stream_worked(
     tmp_path: Path,
 ) -> None:
-    from bench import timeline_probe
+    from bench.probes import timeline_probe
 
     def ev(cat: str, ts: float, dur: float, stream: int, name: str = "k", nbytes: int = 0) -> dict[str, Any]:
         args = {"stream": stream, "bytes": nbytes}
@@ -805,7 +804,7 @@ def _run_probe(argv: list[str]) -> list[str]:
     import contextlib
     import io
 
-    from bench import timeline_probe
+    from bench.probes import timeline_probe
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -850,7 +849,7 @@ def test_conf_is_laid_over_each_um_mode_but_the_previous_engines() -> None:
 
 
 def test_hooks_probe_times_each_hook_in_place_and_keeps_what_it_returns() -> None:
-    from bench import hooks_probe
+    from bench.probes import hooks_probe
 
     seen: list[tuple[object, ...]] = []
 
@@ -880,7 +879,7 @@ def test_populate_probe_splits_work_into_whole_pages_covering_the_range_once() -
     import ctypes
     import itertools
 
-    from bench import populate_probe
+    from bench.probes import populate_probe
 
     # cpu_memset: every byte written, over any number of threads and sizes that are not
     # multiples of a page or of the thread count.
@@ -913,7 +912,7 @@ def test_populate_probe_touches_one_byte_per_stride() -> None:
     import ctypes
 
     pytest.importorskip("numpy", reason="cpu_touch fills with numpy, which the GPU host has")
-    from bench import populate_probe
+    from bench.probes import populate_probe
 
     # cpu_touch: the first byte of every stride, nothing else, over any split into threads.
     for size, threads, stride in [
@@ -932,7 +931,8 @@ def test_populate_probe_populates_by_madvise() -> None:
     import errno
     import mmap
 
-    from bench import host_memory, populate_probe
+    from bench import host_memory
+    from bench.probes import populate_probe
 
     # madvise_populate: the pages of an untouched anonymous mapping are made (VmRSS grows by
     # the range), or the kernel's refusal comes back as one OSError.
@@ -951,7 +951,7 @@ def test_populate_probe_populates_by_madvise() -> None:
 
 
 def test_populate_probe_reads_bandwidth_and_placement() -> None:
-    from bench import populate_probe
+    from bench.probes import populate_probe
 
     span = populate_probe.Span(1 << 30, 4 << 20)
     iface = span.__cuda_array_interface__
@@ -964,7 +964,7 @@ def test_populate_probe_reads_bandwidth_and_placement() -> None:
 
 
 def test_ranks_probe_compares_the_slowest_rank_with_one_alone() -> None:
-    from bench import ranks_probe
+    from bench.probes import ranks_probe
 
     gb = 10**9
     alone = {r: [1.0, 0.5, 2.0] for r in ranks_probe.ROUTES}  # median 1 s: 1 GB/s
@@ -980,7 +980,7 @@ def test_ranks_probe_compares_the_slowest_rank_with_one_alone() -> None:
 
 
 def test_overlap_probe_pieces_cover_the_bytes_once_and_stay_in_the_ring() -> None:
-    from bench import overlap_probe
+    from bench.probes import overlap_probe
 
     for total, chunk, ring in [(100, 32, 64), (1 << 30, 32 << 20, 128 << 20), (5, 8, 8)]:
         pieces = overlap_probe.chunks(total, chunk, ring)
@@ -995,7 +995,7 @@ def test_ranks_probe_asks_every_worker_and_reports_one_that_stopped() -> None:
     import sys
     from collections.abc import Iterator
 
-    from bench import ranks_probe
+    from bench.probes import ranks_probe
 
     echo = (
         "import sys\nprint('ready', flush=True)\n"
@@ -1088,7 +1088,7 @@ def test_residency_step_clock_keeps_one_entry_per_step() -> None:
 
 
 def test_link_cpu_probe_reads_steal_and_sorts_canaries_into_phases() -> None:
-    """bench.link_cpu_probe: /proc/stat's steal share, and each phase's canaries against the
+    """bench.probes.link_cpu_probe: /proc/stat's steal share, and each phase's canaries against the
     fastest idle one (a slow load phase shows; readings outside every phase are not counted)."""
     stat = "cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 10 0 5 80 0 0 0 5 0 0\nintr 1 2\n"
     later = "cpu  200 0 100 1500 0 0 0 200 0 0\ncpu0 20 0 10 160 0 0 0 10 0 0\n"
@@ -1114,9 +1114,9 @@ def test_link_cpu_probe_reads_steal_and_sorts_canaries_into_phases() -> None:
 
 
 def test_cuda_advise_host_prefers_host_ram_and_lets_the_gpu_read_it_there() -> None:
-    """bench.evict_routes.Cuda.advise_host, the placement the probes give the weight
+    """bench.probes.evict_routes.Cuda.advise_host, the placement the probes give the weight
     streamer's memory: PreferredLocation host, then AccessedBy the GPU, over the range."""
-    from bench import evict_routes as er
+    from bench.probes import evict_routes as er
 
     calls: list[tuple[int, int, int, int]] = []
 
@@ -1199,7 +1199,7 @@ def test_copy_routes_both_ways_puts_each_direction_on_its_own_stream() -> None:
     import contextlib
     import types
 
-    from bench import copy_routes_probe
+    from bench.probes import copy_routes_probe
 
     calls: list[tuple[object, ...]] = []
     current = [0]
@@ -1269,14 +1269,14 @@ def test_copy_routes_both_ways_puts_each_direction_on_its_own_stream() -> None:
 def test_pinned_alloc_probe_runs_every_route_and_thread_count(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bench import pinned_alloc_probe as probe
+    from bench.probes import pinned_alloc_probe as probe
 
     asked: list[tuple[str, int]] = []
 
     def fake(
         module: str, args: list[str], pythonpath: object, timeout: int, base: dict[str, Any]
     ) -> dict[str, Any]:
-        assert module == "bench.pinned_alloc_probe" and pythonpath is None
+        assert module == "bench.probes.pinned_alloc_probe" and pythonpath is None
         conf, threads = args[args.index("--conf") + 1], int(args[args.index("--threads") + 1])
         assert base == {"route": base["route"], "conf": conf, "threads": threads}
         asked.append((conf, threads))
@@ -1325,7 +1325,7 @@ def test_residency_loss_module_is_for_training_only() -> None:
 
 
 def test_timeline_probe_loss_module_is_for_training_only() -> None:
-    from bench import timeline_probe
+    from bench.probes import timeline_probe
 
     with pytest.raises(common.BenchError, match="--loss chooses how the train workload"):
         timeline_probe.main(["--mode", "um", "--workload", "infer", "--loss", "module"])

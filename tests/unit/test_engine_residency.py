@@ -40,11 +40,11 @@ def test_residency_invariants_hold_on_every_trace(residency_test: Path) -> None:
 
 
 def test_event_cost_program_builds_and_times_three_sizes(tmp_path: Path) -> None:
-    """bench/engine_event_cost.cpp (bench/README.md, steps 31 and 42) follows the ledger's
+    """bench/probes/engine_event_cost.cpp (bench/README.md, steps 31 and 42) follows the ledger's
     API: it builds against it and times each block size, hot and cold, sanitizers on."""
     exe = build_engine_test(
         tmp_path / "engine_event_cost",
-        [ROOT / "bench" / "engine_event_cost.cpp", SOURCES[1]],
+        [ROOT / "bench" / "probes" / "engine_event_cost.cpp", SOURCES[1]],
         "-fsanitize=address,undefined",
         "-fno-sanitize-recover=all",
     )
@@ -59,7 +59,7 @@ def test_event_cost_program_builds_and_times_three_sizes(tmp_path: Path) -> None
     assert bad.returncode == 2 and "PAIRS" in bad.stderr
 
 
-LEDGER_REPLAY = [ROOT / "bench" / "ledger_replay.cpp", *SOURCES[1:]]
+LEDGER_REPLAY = [ROOT / "bench" / "probes" / "ledger_replay.cpp", *SOURCES[1:]]
 MIB2 = 2 << 20
 
 
@@ -82,7 +82,7 @@ def _cyclic_trace(steps: int) -> str:
 
 
 def test_ledger_replay_prices_the_dead_order_against_belady(tmp_path: Path) -> None:
-    """bench/ledger_replay.cpp replays a trace under the ledger's dead order and
+    """bench/probes/ledger_replay.cpp replays a trace under the ledger's dead order and
     Belady's: on a cycle larger than the room, least recently touched first replaces
     every revived chunk, and the choice that knows the future replaces fewer."""
     exe = build_engine_test(
@@ -218,7 +218,7 @@ def test_ledger_replay_stops_pricing_blocks_when_a_moved_one_leaves(tmp_path: Pa
     assert [json.loads(row)["order"] for row in done.stdout.splitlines()] == ["lru", "belady"]
 
 
-RECORDED = ROOT / "bench" / "results" / "ledger-replay-h200-2026-11-27-step37.json"
+RECORDED = ROOT / "docs" / "notes" / "results" / "ledger-replay-h200-2026-11-27-step37.json"
 
 
 def test_recorded_gpu_traces_replay_to_the_runs_counters(tmp_path: Path) -> None:
@@ -226,8 +226,8 @@ def test_recorded_gpu_traces_replay_to_the_runs_counters(tmp_path: Path) -> None
     workers on the H200) replay, with sanitizers on, to the bytes each run's engine
     counted, and neither Belady's order nor the residency-aware block choice (step 37)
     moves more. A change to the ledger's decisions shows
-    here: if it is meant, replay the traces with bench/ledger_replay.cpp, say what moved in
-    bench/README.md, and update the expected rows of the JSON beside the traces."""
+    here: if it is meant, replay the traces with bench/probes/ledger_replay.cpp, say what moved in a
+    lab note (docs/notes/), and update the expected rows of the JSON beside the traces."""
     exe = build_engine_test(
         tmp_path / "ledger_replay", LEDGER_REPLAY, "-fsanitize=address,undefined",
         "-fno-sanitize-recover=all",

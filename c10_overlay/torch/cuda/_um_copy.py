@@ -9,7 +9,7 @@ than their share: the forward's GEMMs are sized for every SM, and an SM held by 
 keeps one of their blocks waiting. This kernel has each of 1024 threads a block hold
 eight 16-byte loads in flight, so that two blocks, two SMs, carry the link alone: 50 GB/s
 on the H200 host, where the forward beside the copies took 29.8-30.8 ms against 31.8-31.9
-with foreach on 16 SMs and 24.6 ms without copies (``python -m bench.overlap_probe``,
+with foreach on 16 SMs and 24.6 ms without copies (``python -m bench.probes.overlap_probe``,
 bench/README.md step 29). Fewer blocks were better at every count tried (2, 4, 8, 16).
 
 The default (``predict_copy_kernel:lean``) since step 32; ``foreach`` is the old route.
@@ -22,7 +22,7 @@ its forwards that drew that state; compared forward by forward at the same CPU s
 inference runs that held several forwards of both. Step 29 had seen it slower in the
 slow state (47.7 ms against 43.5, one process alternating the two routes), step 31 a tie
 (38.3 against 38.1). Does the kernel's reading of host RAM bring the slow state on? Not
-by the link's traffic: ``bench.link_cpu_probe`` (step 32) found the CPU slow as often with
+by the link's traffic: ``bench.probes.link_cpu_probe`` (step 32) found the CPU slow as often with
 the machine idle as under these reads. ``generate()``, whose one-token forwards are bound
 by the host, ran 0.71 s a step against 0.73 at full CPU speed (step 32).
 
@@ -45,7 +45,7 @@ on those two SMs have run, so it may wait that long. That would explain why two 
 still cost the forward 5-6 ms, and why more blocks cost more, while foreach's short
 blocks on 16 SMs cost less than 16 lean blocks (step 29). Launches of a few MiB would
 free the SMs every 0.1 ms or so, at the price of more launches. This is not measured
-yet: ``bench.overlap_probe --lean-launch-mib`` and ``bench.hooks_probe
+yet: ``bench.probes.overlap_probe --lean-launch-mib`` and ``bench.probes.hooks_probe
 --alternate-copies lean,lean-split`` test it (bench/README.md, step 30).
 
 Only a contiguous parameter is copied as bytes; a strided one is left to foreach. The

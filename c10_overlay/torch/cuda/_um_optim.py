@@ -10,7 +10,7 @@ times in all, so that for a 1.28 B bf16 model 12.8 GB cross the link in and 7.7 
 0.29 s of a 0.8 s step on the H200 host (bench/README.md, prediction steps 8 and 10),
 where the step takes 0.016 s in device memory. Staged, each byte crosses once each way:
 5.1 GB in and 5.1 GB out. Reads and writes of managed memory in host RAM share about
-52 GB/s between them (bench/stage_routes_probe.py), so that is about 0.2 s.
+52 GB/s between them (bench/probes/stage_routes_probe.py), so that is about 0.2 s.
 
 So, with ``predict:True`` and while the module hooks are on (Note [Use signals], um.py),
 a global optimizer-step pre-hook runs the step itself, in chunks:
@@ -60,7 +60,7 @@ launches at once read about 26 GB/s each way (bench/README.md, step 12, where th
 taken for the link's limit), as do page-locked copies by the copy engines (step 46). But
 the link carries more both ways at once for kernels of few blocks: two lean launches of
 32 blocks, one each way, moved 38 GB/s each way, of 8 blocks 31, of 2 blocks 28-30
-(``bench.copy_routes_probe --both-ways``, step 46); one lean kernel copying host RAM into
+(``bench.probes.copy_routes_probe --both-ways``, step 46); one lean kernel copying host RAM into
 host RAM moved 42 each way (step 44). Under ``predict_stage_kernel:lean`` each tensor's
 copy is the lean kernel (Note [Lean copies], _um_copy.py) on STAGE_BLOCKS SMs, or on
 ``predict_copy_sms`` where that is set to a count, which leaves the other SMs to the copy
@@ -69,7 +69,7 @@ goes to foreach, and a failed launch returns the staging to foreach for good, af
 is queued (``copy_pairs``). Off by default: in ``bench.residency``'s training (modes
 ``um-predict-stage-lean``, ``-lean2``; counter ``lean_copies``) the optimizer phase took
 0.176-0.180 s with it against 0.171-0.185 with foreach, whose chunked copies in and out
-already overlap at 35-40 GB/s each way (``bench.timeline_probe``, step 46).
+already overlap at 35-40 GB/s each way (``bench.probes.timeline_probe``, step 46).
 
 Note [The step's gradients are touched]
 Before anything else, the pre-hook reports every gradient the step will read as used

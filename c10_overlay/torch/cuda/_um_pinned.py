@@ -5,7 +5,7 @@ The offload's host buffers (Note [Saved-activation offload], _um_predict.py) com
 torch's host allocator, which by default asks the driver for them with cudaHostAlloc:
 about 1.7 GB/s from one thread and 2.1 from four on the H200 host, because the driver
 page-locks mostly one call at a time (bench/README.md, step 47,
-``python -m bench.pinned_alloc_probe``). torch has a second route, off by default: with
+``python -m bench.probes.pinned_alloc_probe``). torch has a second route, off by default: with
 ``pinned_use_cuda_host_register`` it takes the buffer from malloc, has
 ``pinned_num_register_threads`` threads touch its pages, then page-locks it with one
 cudaHostRegister. Measured on the same host: 6.7 GB/s from one thread with 16 register

@@ -12,7 +12,7 @@ cudaMemcpyAsync from managed memory (49.6 ms), which the driver also runs on SMs
 copy engine's DMA from page-locked memory left them alone (26.0 ms). On a stream of a CUDA
 green context limited to 8, 16 or 32 SMs the same copies left the forward at 30.2, 33.1
 and 36.3 ms, and ran at 37, 48 and 49 GB/s against 49 on every SM
-(``python -m bench.overlap_probe``, bench/README.md step 23). So the weight streamer's
+(``python -m bench.probes.overlap_probe``, bench/README.md step 23). So the weight streamer's
 copies go to such a stream (``predict_copy_sms``; auto: an eighth of the SMs, a multiple
 of 8, at least 8: 16 on an H200) under ``predict_copy_kernel:foreach``. The default,
 ``lean``, replaces foreach by the engine's own copy kernel, which carries the link on two
@@ -48,7 +48,7 @@ _get_device = getattr(torch._C, "_cuda_getDevice", None)
 # torch.cuda.Stream.wait_stream records a new Event each time, and the first record of an
 # event makes it with cudaEventCreate, which takes the driver's lock; that lock is held
 # for the whole of a managed-memory call on any thread (the engine's evictor discarding or
-# evicting: 0.5-14 ms a call, bench/launch_contention.cu). Past the budget, a 1.1 B Llama's
+# evicting: 0.5-14 ms a call, bench/probes/launch_contention.cu). Past the budget, a 1.1 B Llama's
 # training step makes two such waits per saved activation offloaded (out, and back ahead:
 # about 230 for 115 saves), and py-spy found them waiting there (bench/README.md,
 # prediction step 35). A stream

@@ -9,7 +9,7 @@ it: a 1.28 B model's forward takes 0.13 s at a 2 GiB budget on the H200 host, wh
 compute takes 0.024 s and the bytes past the budget cross the link in about 0.02 s
 (bench/README.md, prediction steps 8 and 9). Read in place by the GEMMs, those bytes cost
 more still (3 GB/s, step 9). A copy, by a copy engine or by a kernel, reads managed
-memory in host RAM at 51-52 GB/s (bench/stage_routes_probe.py), and a weight that is only
+memory in host RAM at 51-52 GB/s (bench/probes/stage_routes_probe.py), and a weight that is only
 read needs no way back: that is what the offload tools do (accelerate's hooks copy a
 layer's weights in just before it runs).
 
@@ -80,7 +80,7 @@ discards and places again 0.36 GB of the allocator's cached blocks a forward. Gr
 the target until those discards stopped streamed every weight (2.4 GB a forward) and
 made nothing faster; ordering dead chunks by their predicted reuse cut them to 0.14 GB
 but not the memset wait (step 16). Where the copies read from matters more than how
-(``python -m bench.overlap_probe``, step 19): beside 1.3 GB of copies out of managed
+(``python -m bench.probes.overlap_probe``, step 19): beside 1.3 GB of copies out of managed
 memory in host RAM the forward's kernels take 43-50 ms instead of 25 ms, beside a copy
 engine's DMA from page-locked memory 26 ms. Keeping streamed weights in page-locked
 memory freed the kernels but left the forward bound by the host's launches, and slower

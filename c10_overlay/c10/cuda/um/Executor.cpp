@@ -86,7 +86,7 @@ Executor::Side& Executor::side(int device) {
 // took the driver's lock twice, and that lock is held for the whole of a
 // managed-memory call on any thread: while the evictor discards 128 MiB
 // (0.5 ms) or evicts it (14 ms), a cudaEventCreate or cudaLaunchKernel on
-// the compute thread waits (bench/launch_contention.cu; bench/README.md,
+// the compute thread waits (bench/probes/launch_contention.cu; bench/README.md,
 // prediction step 35, where the backward's allocations waited in
 // cuEventCreate). So a job's event comes from a free list of its device and
 // goes back to it once the evictor has queued its wait on it: a stream wait

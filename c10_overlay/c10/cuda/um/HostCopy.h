@@ -9,7 +9,7 @@
 // memory through its staging as it does pageable memory, at 6.4 GB/s to the
 // GPU and 13.2 back on the H200 host, where a kernel reads and writes the
 // same pages in place at 51-52 GB/s (bench/README.md, step 43,
-// `python -m bench.copy_routes_probe`). So the injection path interposes
+// `python -m bench.probes.copy_routes_probe`). So the injection path interposes
 // cudaMemcpyAsync, and a copy whose host side lies inside one managed host
 // allocation of the engine runs as the lean copy kernel (Note [Lean copies],
 // torch/cuda/_um_copy.py; compiled here by NVRTC once per device at its
@@ -47,7 +47,7 @@
 // payload on the H200 host, CPU threads copying the same pages (memcpy, no
 // link) at 37 GB/s from 16 threads, and both at once 47, 51, 58 and 54 GB/s
 // with 15, 25, 35 and 50 % of the bytes on the CPU
-// (`python -m bench.copy_routes_probe --split`, bench/README.md step 44).
+// (`python -m bench.probes.copy_routes_probe --split`, bench/README.md step 44).
 // So a copy of at least 64 MiB whose GPU side ends in chunks the residency
 // ledger places in host RAM leaves up to host_copy_cpu_share of its bytes
 // (0.35), taken from that end, to CPU threads: the host waits for the

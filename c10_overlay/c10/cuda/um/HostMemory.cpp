@@ -66,7 +66,7 @@ std::optional<uint64_t> cgroupRoom() {
 // into existence through the driver's CPU fault path whatever asks for them,
 // and that path is slow per thread but scales with threads. On an H200 host,
 // for a fresh 2 GiB range with PreferredLocation=host (GB/s of population,
-// bench/populate_probe.py, bench/README.md "Prediction, step 17"): a
+// bench/probes/populate_probe.py, bench/README.md "Prediction, step 17"): a
 // prefetch to the host (what MapHost did before) 2.4; GPU writes faulting
 // them in 4.7; CPU writes from 1, 4, 8 and 16 threads 2.3, 5.4, 8.8 and 9.5.
 // Listing 1's first run went from 9.9 to 8.4 s with it (step 20).
@@ -94,7 +94,7 @@ std::optional<uint64_t> cgroupRoom() {
 // AccessedBy=GPU fills. Set before the CPU makes the pages, it costs nothing
 // we can measure: each CPU fault maps the new page for the GPU too (2 GiB,
 // 8-16 threads: 11.9-13.6 GB/s with AccessedBy set first, 12.1-12.6 with
-// PreferredLocation alone; bench.populate_probe --making-only, bench/README.md
+// PreferredLocation alone; bench.probes.populate_probe --making-only, bench/README.md
 // "Prediction, step 45"). Set after, it walks pages that already exist, at
 // about 25 GB/s (0.08 s per 2 GiB); left to the GPU's faults, 1.7-2.6 GB/s.
 // So MapHost advises before populateOnHost, and Engine::allocHost maps a

@@ -132,7 +132,7 @@ uint64_t overlap(uintptr_t lo, uintptr_t hi, uintptr_t clo, uintptr_t chi) {
 // Every block event starts by finding the segment its address falls in. In
 // std::map that is a walk of about log2(segments) nodes, each somewhere else
 // in memory, and between two events of a training step the framework's own
-// work has pushed them out of the CPU's caches. bench/engine_event_cost.cpp's
+// work has pushed them out of the CPU's caches. bench/probes/engine_event_cost.cpp's
 // cold case (450 segments, a MiB of other memory written between events) put
 // an event at 370-630 ns on the 2-core development host against 33-134 ns
 // with the ledger in cache, most of the difference this walk (prediction

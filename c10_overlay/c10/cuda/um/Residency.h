@@ -46,7 +46,7 @@
 // With cudaMemAdviseSetReadMostly, a prefetch to the GPU copies pages and
 // leaves the host copy valid; unsetting the advice then drops the GPU copy
 // (the pages' preferred location is the host) without a write-back. Measured
-// on an H200 (bench/evict_routes.py): the drop runs at about 48 GB/s where
+// on an H200 (bench/probes/evict_routes.py): the drop runs at about 48 GB/s where
 // eviction by prefetch to the CPU runs at 8-17 GB/s. The advice is a hint,
 // never a change of meaning: a write to such a page collapses the copies
 // where it happens, so a wrong guess costs speed, not data. Hence:
@@ -290,7 +290,7 @@ struct DeviceLimits {
 // ledger, with its arguments (TORCH_UM_LEDGER_TRACE, LedgerTrace.h), and a
 // CPU can replay the recording against this class: the replay decides what
 // the run decided, and a different choice of victims can be priced on the
-// same calls (bench/ledger_replay.cpp). The record of one call:
+// same calls (bench/probes/ledger_replay.cpp). The record of one call:
 struct TraceRecord {
   enum Op : char {
     AddSegment = 'S',
@@ -319,7 +319,7 @@ class TraceSink {
   virtual void record(const TraceRecord& r) = 0;
 };
 // Which dead chunk leaves first when room is needed. The ledger's own order
-// is the least recently touched; bench/ledger_replay.cpp installs others to
+// is the least recently touched; bench/probes/ledger_replay.cpp installs others to
 // price them on recorded traces. `candidates` are chunk addresses, oldest
 // first (never empty); returns the index of the one to take.
 class DeadChoice {
@@ -519,7 +519,7 @@ class Residency {
   // Only makeRoom reads the orders, and a job whose data fits never calls
   // it; yet each of its block events still moved every chunk that turned
   // dead or live from one order to the other: 40-45 ns a chunk on a
-  // 2-core CPU (bench/engine_event_cost.cpp), and on the GPU host's slow CPU
+  // 2-core CPU (bench/probes/engine_event_cost.cpp), and on the GPU host's slow CPU
   // state 1.2-1.3 ms of a small GPT's step and 4.0-4.4 ms of a ResNet-50's
   // (the engine's own share, timed: Note [Timing the event path],
   // Engine.cpp). So a device's orders are built the first time makeRoom
