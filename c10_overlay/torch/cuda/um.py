@@ -1749,9 +1749,13 @@ def _memory_stats_counters(device: object = None) -> dict[str, int] | None:
 
 
 def _install_memory_stats() -> None:
+    # torch.cuda is still being imported (its __init__ imports this module last), so
+    # `torch.cuda` is not an attribute of torch yet: the module comes from sys.modules.
+    import sys
+
     from torch.cuda import _um_memstats, memory
 
-    _um_memstats.install(memory, torch.cuda, _memory_stats_counters)
+    _um_memstats.install(memory, sys.modules["torch.cuda"], _memory_stats_counters)
 
 
 def _install() -> None:
