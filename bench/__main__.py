@@ -17,19 +17,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # The benchmarks a reviewer reruns (bench/README.md); the other top-level modules are shared.
-BENCHMARKS = ("residency", "host_memory", "oversubscribe", "step_time", "plot")
+BENCHMARKS = ("residency", "classes", "host_memory", "oversubscribe", "step_time", "plot")
 
 
 def summary(path: Path) -> str:
-    """The first line of a module's docstring ('' if it has none)."""
+    """The first line of a module's docstring ('' if it has none); a package's is its
+    __init__.py's."""
+    if not path.exists() and (path.with_suffix("") / "__init__.py").is_file():
+        path = path.with_suffix("") / "__init__.py"
     doc = ast.get_docstring(ast.parse(path.read_text(), str(path))) or ""
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
 def probes() -> list[str]:
-    return sorted(
-        p.stem for p in (HERE / "probes").glob("*.py") if not p.name.startswith("__")
-    )
+    return sorted(p.stem for p in (HERE / "probes").glob("*.py") if not p.name.startswith("__"))
 
 
 def listing() -> str:

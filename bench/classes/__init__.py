@@ -1,4 +1,4 @@
-"""Programs that no module hook describes, past the device budget (issue 55's classes):
+"""Programs that no module hook describes, past the device budget:
 each step's time from the first, by stock torch in memory, the previous engine and this
 one, with the PCIe floor measured in the same run.
 
@@ -336,7 +336,3 @@ def main() -> int:
     path = common.write(args.klass, record, out)
     print(f"record: {path}")
     return 0
-
-
-if __name__ == "__main__":
-    common.run_main("bench.classes", main)
