@@ -64,24 +64,29 @@ def parse_size(text: str) -> int:
 # ---- the programs (run in the worker) -----------------------------------------------
 
 
-def _plain_params(torch: Any) -> tuple[list[Any], list[Any]]:
-    g = torch.Generator(device="cpu").manual_seed(SEED)
+def plain_params(
+    torch: Any, layers: int = LAYERS, width: int = WIDTH, seed: int = SEED
+) -> tuple[list[Any], list[Any]]:
+    """The plain program's weights (bf16, on the GPU, requiring grad) and their momenta."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
     ws = []
-    for _ in range(LAYERS):
-        w = torch.randn(WIDTH, WIDTH, generator=g, dtype=torch.float32) / WIDTH**0.5
+    for _ in range(layers):
+        w = torch.randn(width, width, generator=g, dtype=torch.float32) / width**0.5
         ws.append(w.to(device="cuda", dtype=torch.bfloat16).requires_grad_(True))
     ms = [torch.zeros_like(w) for w in ws]
     return ws, ms
 
 
-def _batch(torch: Any, rows: int, step: int) -> Any:
+def batch(torch: Any, rows: int, step: int, width: int = WIDTH) -> Any:
     """A step's input, made on the GPU (a CPU generator's 8192 x 8192 took 0.4 s of the
     step in the first run, more than the step's compute)."""
     g = torch.Generator(device="cuda").manual_seed(SEED + step)
-    return torch.randn(rows, WIDTH, generator=g, device="cuda", dtype=torch.bfloat16)
+    return torch.randn(rows, width, generator=g, device="cuda", dtype=torch.bfloat16)
 
 
-def _plain_step(torch: Any, ws: list[Any], ms: list[Any], x: Any) -> float:
+def plain_step(torch: Any, ws: list[Any], ms: list[Any], x: Any, lr: float = 1e-3) -> float:
+    """One training step of plain tensors: (x @ W).relu() through the weights, autograd,
+    a momentum update written by hand. Returns the loss."""
     h = x
     for w in ws:
         h = (h @ w).relu()
@@ -90,7 +95,7 @@ def _plain_step(torch: Any, ws: list[Any], ms: list[Any], x: Any) -> float:
     with torch.no_grad():
         for w, m in zip(ws, ms, strict=True):
             m.mul_(0.9).add_(w.grad)
-            w.sub_(m, alpha=1e-3)
+            w.sub_(m, alpha=lr)
             w.grad = None
     return float(loss.detach())
 
@@ -144,7 +149,7 @@ def run_program(torch: Any, klass: str, steps: int, rows: int) -> tuple[list[flo
         state: dict[int, Any] = {}
 
         def custom(step: int) -> float:
-            loss = model(_batch(torch, rows, step)).float().pow(2).mean()
+            loss = model(batch(torch, rows, step)).float().pow(2).mean()
             loss.backward()
             _lion_step(torch, params, state)
             return float(loss.detach())
@@ -152,18 +157,18 @@ def run_program(torch: Any, klass: str, steps: int, rows: int) -> tuple[list[flo
         for s in range(steps):
             timed(lambda s=s: custom(s))
         return times, outs
-    ws, ms = _plain_params(torch)
+    ws, ms = plain_params(torch)
     if klass == "train-plain":
         for s in range(steps):
-            timed(lambda s=s: _plain_step(torch, ws, ms, _batch(torch, rows, s)))
+            timed(lambda s=s: plain_step(torch, ws, ms, batch(torch, rows, s)))
         return times, outs
     train1 = steps // 2
     infer = steps // 4
     for s in range(steps):
         if train1 <= s < train1 + infer:
-            timed(lambda s=s: _plain_forward(torch, ws, _batch(torch, rows // 2, s)))
+            timed(lambda s=s: _plain_forward(torch, ws, batch(torch, rows // 2, s)))
         else:
-            timed(lambda s=s: _plain_step(torch, ws, ms, _batch(torch, rows, s)))
+            timed(lambda s=s: plain_step(torch, ws, ms, batch(torch, rows, s)))
     return times, outs
 
 

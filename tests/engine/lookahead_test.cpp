@@ -11,6 +11,7 @@
 //     pattern repeats;
 //   - the walk is bounded by max_steps and never hands out the present op.
 // Built and run by tests/unit/test_engine_lookahead.py; no GPU, no torch.
+#include "check.h"
 #include <c10/cuda/um/Lookahead.h>
 
 #include <cstdio>
@@ -22,18 +23,7 @@ using Range = Lookahead::Range;
 
 namespace {
 
-int g_failures = 0;
-
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-      ++g_failures;                                             \
-      return false;                                             \
-    }                                                           \
-  } while (0)
+using engine_test::g_failures;
 
 constexpr uint64_t kMiB = 1ull << 20;
 

@@ -9,6 +9,7 @@
 //   - the ledger agrees with where the actions put each chunk;
 //   - when everything fits, a repeating loop issues no action at all.
 // Built and run by tests/unit/test_engine_residency.py; no GPU, no torch.
+#include "check.h"
 #include <c10/cuda/um/LedgerTrace.h>
 #include <c10/cuda/um/Residency.h>
 
@@ -27,18 +28,7 @@ using namespace c10::cuda::um;
 
 namespace {
 
-int g_failures = 0;
-
-#define CHECK(cond, ...)                                       \
-  do {                                                         \
-    if (!(cond)) {                                             \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                       \
-      std::fprintf(stderr, "\n");                              \
-      ++g_failures;                                            \
-      return false;                                            \
-    }                                                          \
-  } while (0)
+using engine_test::g_failures;
 
 enum class Phys { None, Device, Host };
 

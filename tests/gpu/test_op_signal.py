@@ -19,37 +19,22 @@ from tests.gpu.conftest import Limits, MiB, release_cache
 
 torch = pytest.importorskip("torch")
 
+from bench import classes  # noqa: E402
+
 BUDGET = 256 * MiB
 WIDTH = 2048
 LAYERS = 12  # 8 MiB a weight, 8 MiB its momentum, 16 MiB an activation: ~560 MiB at peak
 
 
 def _plain_losses(steps: int, pause: float = 0.0) -> list[float]:
-    """Plain-tensor training: (x @ W).relu() through LAYERS weights, a momentum update by
-    hand. ``pause``: seconds after the first step, for the pressure watcher (10 polls a
-    second) to install the observer."""
-    g = torch.Generator(device="cpu").manual_seed(7)
-    ws = [
-        (torch.randn(WIDTH, WIDTH, generator=g) / WIDTH**0.5)
-        .to("cuda", torch.bfloat16)
-        .requires_grad_(True)
-        for _ in range(LAYERS)
-    ]
-    ms = [torch.zeros_like(w) for w in ws]
+    """bench.classes' plain-tensor training, smaller: (x @ W).relu() through LAYERS weights,
+    a momentum update by hand. ``pause``: seconds after the first step, for the pressure
+    watcher (10 polls a second) to install the observer."""
+    ws, ms = classes.plain_params(torch, LAYERS, WIDTH, seed=7)
     losses = []
     for step in range(steps):
-        x = torch.randn(4096, WIDTH, generator=g).to("cuda", torch.bfloat16)
-        h = x
-        for w in ws:
-            h = (h @ w).relu()
-        loss = h.float().pow(2).mean()
-        loss.backward()
-        with torch.no_grad():
-            for w, m in zip(ws, ms, strict=True):
-                m.mul_(0.9).add_(w.grad)
-                w.sub_(m, alpha=1e-2)
-                w.grad = None
-        losses.append(float(loss))
+        x = classes.batch(torch, 4096, step, WIDTH)
+        losses.append(classes.plain_step(torch, ws, ms, x, lr=1e-2))
         if step == 0 and pause:
             time.sleep(pause)
     return losses
