@@ -253,7 +253,8 @@ void OpSignal::observe(
     const uint64_t lookahead = engine.lookaheadBytes(device);
     Device& d = deviceState(device);
     std::lock_guard<std::mutex> lock(d.mu);
-    void* side = lookahead > 0 ? aheadStream(device, d) : nullptr;
+    // No stream is made, and nothing moves, while a graph is captured.
+    void* side = lookahead > 0 && !engine.capturesUnderway() ? aheadStream(device, d) : nullptr;
     const uint64_t before_ranges = d.order.counters().ahead_ranges;
     const uint64_t before_bytes = d.order.counters().ahead_bytes;
     d.order.use(ranges, n, side != nullptr ? lookahead : 0, [&](const Lookahead::Range& r) {
