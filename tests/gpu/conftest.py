@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -160,6 +163,28 @@ def subprocess_env(limits: Limits, **extra: str) -> dict[str, str]:
     env["PYTORCH_CUDA_UM_CONF"] = f"max_managed:{min(limits.cap // 4, 8 * GiB)}"
     env.update(extra)
     return env
+
+
+def run_child(
+    code: str, env: dict[str, str], timeout: int = 180
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` in a fresh interpreter once this process's GPU work is done and its
+    cache given back (the child reads free memory for its own cap), prints its output and
+    asserts that it exited 0."""
+    torch = _torch()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    out = proc.stdout + proc.stderr
+    print(out)
+    assert proc.returncode == 0, out
+    return proc
 
 
 def stream_fuzz(seed: int, steps: int, sizes: list[int]) -> None:

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from typing import Any
 
 import pytest
 
-from tests.gpu.conftest import Limits, MiB, release_cache, subprocess_env
+from tests.gpu.conftest import Limits, MiB, release_cache, run_child, subprocess_env
 
 torch = pytest.importorskip("torch")
 
@@ -40,19 +37,7 @@ UM_KEYS = {
 
 def _child(code: str, env: dict[str, str]) -> dict[str, Any]:
     """Runs code in a fresh interpreter; its last stdout line is JSON."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    out = proc.stdout + proc.stderr
-    print(out)
-    assert proc.returncode == 0, out
-    got: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    got: dict[str, Any] = json.loads(run_child(code, env).stdout.strip().splitlines()[-1])
     return got
 
 

@@ -6,13 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.gpu.conftest import Limits, subprocess_env
+from tests.gpu.conftest import Limits, run_child, subprocess_env
 
 torch = pytest.importorskip("torch")
 
@@ -75,19 +74,8 @@ def test_sharing_managed_cuda_tensor_fails_clearly(torch_mod: Any, um: Any, limi
 
 
 def _run_child(code: str, env: dict[str, str], timeout: int = 180) -> str:
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    out = proc.stdout + proc.stderr
-    print(out)
-    assert proc.returncode == 0, out
-    return out
+    proc = run_child(code, env, timeout)
+    return proc.stdout + proc.stderr
 
 
 def test_ipc_refused_in_cpp_too(torch_mod: Any, um: Any, limits: Limits) -> None:
@@ -218,7 +206,11 @@ def test_ledger_trace_replays_to_the_engines_counters(
     um_src = ROOT / "c10_overlay" / "c10" / "cuda" / "um"
     exe = build_engine_test(
         tmp_path / "ledger_replay",
-        [ROOT / "bench" / "ledger_replay.cpp", um_src / "Residency.cpp", um_src / "LedgerTrace.cpp"],
+        [
+            ROOT / "bench" / "probes" / "ledger_replay.cpp",
+            um_src / "Residency.cpp",
+            um_src / "LedgerTrace.cpp",
+        ],
         "-O2",
     )
     keys = ("discard_bytes", "reuse_bytes", "evict_bytes", "touch_prefetch_bytes")
