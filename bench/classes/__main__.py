@@ -3,4 +3,4 @@
 from bench import common
 from bench.classes import main
 
-common.run_main("bench.classes", main)
+common.run_main("classes", main)
