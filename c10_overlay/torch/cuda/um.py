@@ -1226,7 +1226,7 @@ def _register_hooks() -> None:
 
 
 def _remove_hooks() -> None:
-    global _hooks_installed
+    global _hooks_installed, _module_forward_seen
     with _hooks_lock:
         if _offloader is not None:
             _offloader.active = False
@@ -1242,7 +1242,6 @@ def _remove_hooks() -> None:
             handle = _hook_handles.pop()
             handle.remove()  # type: ignore[attr-defined]
         _hooks_installed = False
-        global _module_forward_seen
         _module_forward_seen = False
 
 
@@ -1591,10 +1590,11 @@ _op_signal_error: str | None = None
 # bring-ins and lookahead move it by migration. Both at once fought: a model of
 # nn.Linear layers trained by a hand-written Lion update ran 1.69 s a step with both
 # against 0.50 s with the hooks alone, and the optimizer staging found no room
-# (bench/results, train-custom-opt, 2026-11-29; docs/notes/op-signal.md). So the observer
-# is the signal of the work no module hook describes: the watcher installs it one poll
-# after the hooks, and only while no module forward has run under them since; a module
-# forward takes it off at the next poll. A program of plain tensors keeps it for good.
+# (bench/results/classes-train-custom-opt-h200-2026-11-29-call2.json,
+# docs/notes/step-53-operator-signal.md). So the observer is the signal of the work no
+# module hook describes: the watcher installs it one poll after the hooks, and only while
+# no module forward has run under them since; a module forward takes it off at the next
+# poll. A program of plain tensors keeps it for good.
 _module_forward_seen = False
 _op_signal_polls = 0  # polls under pressure with the hooks on and no module forward seen
 

@@ -7,16 +7,6 @@ namespace c10::cuda::um {
 Lookahead::Lookahead(size_t capacity, size_t max_steps)
     : hist_(capacity < 2 ? 2 : capacity), max_steps_(max_steps) {}
 
-void Lookahead::reset() {
-  seen_.clear();
-  pos_ = 1;
-  recorded_ = 0;
-  match_ = 0;
-  cursor_ = 0;
-  flight_.clear();
-  in_flight_ = 0;
-}
-
 uint64_t Lookahead::key(const Range& prev, const Range& r) {
   // The transition prev -> r, not r alone: a storage used several times a
   // step (a weight in the forward, the backward and the update) is told apart

@@ -91,9 +91,6 @@ class Lookahead {
     }
   }
 
-  // Forgets the history and the path (a changed setting, a new device).
-  void reset();
-
   struct Counters {
     uint64_t uses = 0; // ranges recorded (consecutive repeats folded)
     uint64_t matches = 0; // of which had been used before, still in the history

@@ -176,15 +176,6 @@ void OpSignal::remove() {
   }
 }
 
-void OpSignal::reset() {
-  for (auto& slot : devices_) {
-    if (Device* d = slot.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(d->mu);
-      d->order.reset();
-    }
-  }
-}
-
 OpSignal::Device& OpSignal::deviceState(int index) {
   Device* d = devices_[index].load(std::memory_order_acquire);
   if (d == nullptr) {

@@ -89,8 +89,6 @@ class OpSignal {
     return handle_.load(std::memory_order_acquire) != 0;
   }
   OpSignalCounters counters() const;
-  // Forgets every learned order (a changed setting).
-  void reset();
 
   // The observer's work for one operator: `ranges` are the managed-or-not
   // storages of its CUDA tensor arguments on `device`, `stream` its current
