@@ -281,6 +281,9 @@ class BlockChooser {
       case TraceRecord::Alloc:
         choose(ledger, r);
         break;
+      case TraceRecord::Clock: // positions, not an address
+        replayTrace(ledger, r, out);
+        return true;
       default:
         break;
     }

@@ -9,7 +9,10 @@
 //   - ranges already on the device cost nothing and do not stop the walk;
 //   - a changed pattern stops the prediction, and it resumes once the new
 //     pattern repeats;
-//   - the walk is bounded by max_steps and never hands out the present op.
+//   - the walk is bounded by max_steps and never hands out the present op;
+//   - the predicted next use (Note [Predicted next use]): one period on in a
+//     scan, the next use in the step for a range used twice, the handed-out
+//     ranges at their positions, nothing off a path.
 // Built and run by tests/unit/test_engine_lookahead.py; no GPU, no torch.
 #include "check.h"
 #include <c10/cuda/um/Lookahead.h>
@@ -35,8 +38,10 @@ Range R(int i, uint64_t size = 64 * kMiB) {
 struct Sim {
   std::set<uintptr_t> host;
   std::vector<uintptr_t> order; // every range handed to `ahead`, in order
-  uint64_t operator()(const Range& r) {
+  std::vector<uint64_t> dues; // and the position of its predicted use
+  uint64_t operator()(const Range& r, uint64_t due) {
     order.push_back(r.addr);
+    dues.push_back(due);
     if (host.erase(r.addr) != 0) {
       return r.size;
     }
@@ -45,7 +50,7 @@ struct Sim {
 };
 
 void op(Lookahead& la, Sim& sim, std::vector<Range> rs, uint64_t lookahead) {
-  la.use(rs.data(), rs.size(), lookahead, [&](const Range& r) { return sim(r); });
+  la.use(rs.data(), rs.size(), lookahead, [&](const Range& r, uint64_t due) { return sim(r, due); });
 }
 
 bool first_pass_predicts_nothing_then_the_next_ranges_in_order() {
@@ -234,6 +239,89 @@ bool a_history_shorter_than_the_loop_predicts_nothing() {
   return true;
 }
 
+bool a_scan_is_next_used_one_period_on() {
+  Lookahead la;
+  Sim sim;
+  for (int i = 0; i < 8; ++i) {
+    CHECK(la.due(R(i)) == 0, "first pass predicted a use of %d", i);
+    op(la, sim, {R(i)}, 0);
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < 8; ++i) {
+      const uint64_t now = la.clock().now;
+      const uint64_t due = la.due(R(i));
+      // The second pass's path starts at its second use (the first
+      // transition that repeats); from then on the next use is a period (8
+      // uses) on.
+      if (pass == 1 || i > 1) {
+        CHECK(due == now + 8, "pass %d range %d: due %llu, want now %llu + 8", pass + 2, i,
+              (unsigned long long)due, (unsigned long long)now);
+      }
+      op(la, sim, {R(i)}, 0);
+    }
+  }
+  // What is handed out ahead is due where the loop will use it: the next
+  // ranges at the next positions, and the window ends at the last of them.
+  const uint64_t now = la.clock().now;
+  sim.order.clear();
+  sim.dues.clear();
+  op(la, sim, {R(0)}, 3 * 64 * kMiB);
+  CHECK(sim.order.size() >= 3, "handed out %zu", sim.order.size());
+  for (size_t k = 0; k < sim.order.size(); ++k) {
+    CHECK(sim.order[k] == R(static_cast<int>(k) + 1).addr && sim.dues[k] == now + 1 + k,
+          "ahead %zu: range %llx due %llu, want range %d due %llu", k,
+          (unsigned long long)sim.order[k], (unsigned long long)sim.dues[k],
+          static_cast<int>(k) + 1, (unsigned long long)(now + 1 + k));
+  }
+  CHECK(la.clock().window == sim.dues.back(), "window %llu, last handed out due %llu",
+        (unsigned long long)la.clock().window, (unsigned long long)sim.dues.back());
+  return true;
+}
+
+bool a_range_used_twice_is_next_used_at_its_next_use_in_the_step() {
+  // W is used in the forward (after X) and in the update (after M), seven
+  // uses apart in a step of ten.
+  Lookahead la;
+  Sim sim;
+  const int X = 1, W = 2, M = 9, Z = 10;
+  const std::vector<int> step = {X, W, 3, 4, 5, 6, 7, M, W, Z};
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int i : step) {
+      op(la, sim, {R(i)}, 0);
+    }
+  }
+  op(la, sim, {R(X)}, 0);
+  const uint64_t at_forward = la.clock().now;
+  const uint64_t forward = la.due(R(W));
+  CHECK(forward == at_forward + 7, "forward use: due %llu, want now %llu + 7",
+        (unsigned long long)forward, (unsigned long long)at_forward);
+  for (int i : {W, 3, 4, 5, 6, 7, M}) {
+    op(la, sim, {R(i)}, 0);
+  }
+  const uint64_t at_update = la.clock().now;
+  const uint64_t update = la.due(R(W));
+  CHECK(update == at_update + 3, "update use: due %llu, want now %llu + 3",
+        (unsigned long long)update, (unsigned long long)at_update);
+  return true;
+}
+
+bool off_a_path_nothing_is_predicted() {
+  Lookahead la(1u << 16, 8);
+  Sim sim;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int i = 0; i < 8; ++i) {
+      op(la, sim, {R(i)}, 0);
+    }
+  }
+  CHECK(la.due(R(0)) != 0, "no prediction on the loop");
+  for (int i = 100; i < 120; ++i) {
+    op(la, sim, {R(i)}, 0);
+  }
+  CHECK(la.due(R(0)) == 0 && la.due(R(200)) == 0 && la.clock().window == 0,
+        "predicted %llu after 20 uses off the loop", (unsigned long long)la.due(R(0)));
+  return true;
+}
+
 } // namespace
 
 int main() {
@@ -254,6 +342,10 @@ int main() {
       {"pairs repeated within a step keep one path", pairs_repeated_within_a_step_keep_one_path},
       {"a history shorter than the loop predicts nothing",
        a_history_shorter_than_the_loop_predicts_nothing},
+      {"a scan is next used one period on", a_scan_is_next_used_one_period_on},
+      {"a range used twice is next used at its next use in the step",
+       a_range_used_twice_is_next_used_at_its_next_use_in_the_step},
+      {"off a path nothing is predicted", off_a_path_nothing_is_predicted},
   };
   int n = 0;
   for (const Case& c : cases) {

@@ -311,6 +311,12 @@ struct Sim {
     }
     return invariants("touch");
   }
+
+  // Note [The learned eviction order]: the block is next used at `due`.
+  bool plan(uintptr_t addr, uint64_t due) {
+    r.plan(addr, live.at(addr), due);
+    return invariants("plan");
+  }
 };
 
 // Blocks are carved from segments at 512-byte granularity, like the caching
@@ -360,6 +366,15 @@ bool randomTrace(uint64_t seed) {
         if (s.forgetContent(it->first) == ~0ull) return false;
       } else if (!s.touch(it->first, rnd.rng() % 3 == 0)) {
         return false;
+      } else if (seed % 2 == 1 && rnd.rng() % 2 == 0) {
+        // Note [The learned eviction order]: a prediction, overdue, inside
+        // the window or past it, or none; and now and then a new clock.
+        const uint64_t now = static_cast<uint64_t>(step) * 4;
+        if (rnd.rng() % 8 == 0) {
+          s.r.setPlanClock(0, PlanClock{now, now + rnd.rng() % 64});
+        }
+        const uint64_t due = rnd.rng() % 5 == 0 ? 0 : now - 32 + rnd.rng() % 200;
+        if (!s.plan(it->first, due)) return false;
       }
     }
   }
@@ -975,6 +990,61 @@ bool repeatedScanKeepsAPrefix() {
   return s.invariants("scan");
 }
 
+// Note [The learned eviction order]: a loop written by its uses (a plain
+// training step's weights, used once a period), larger than the budget,
+// brings in every chunk every pass under LRU; filed under their predicted
+// next use (one period on), each pass brings in about the part that does not
+// fit (Belady's count for a loop: one range more than the excess). A
+// prediction the loop does not keep (overdue) makes its chunk the first to
+// leave.
+bool learnedOrderMovesWhatDoesNotFit() {
+  uint64_t pass_bytes[2] = {0, 0};
+  const uint64_t layers = 16, param = 3 * kChunkBytes;
+  for (int planned = 0; planned < 2; ++planned) {
+    Sim s;
+    s.lim.budget = 24 * kChunkBytes;
+    const uintptr_t w = s.next_base;
+    if (!s.addSegment(w, layers * param)) return false;
+    for (uint64_t l = 0; l < layers; ++l) {
+      if (!s.alloc(w + l * param, param)) return false;
+    }
+    uint64_t pos = 0;
+    for (int pass = 0; pass < 6; ++pass) {
+      const uint64_t before = s.r.counters().prefetch_bytes;
+      for (uint64_t l = 0; l < layers; ++l, ++pos) {
+        if (planned) {
+          s.r.setPlanClock(0, PlanClock{pos, pos});
+        }
+        if (!s.touch(w + l * param)) return false;
+        if (planned && !s.plan(w + l * param, pos + layers)) return false;
+      }
+      pass_bytes[planned] = s.r.counters().prefetch_bytes - before;
+    }
+    if (planned) {
+      CHECK(s.r.counters().plan_victim_bytes > 0, "nothing left by the learned order");
+      // Overdue: the loop's first range was due at pos and is not used; a
+      // new block's room comes from it before any other planned chunk.
+      const uintptr_t overdue = s.r.whereIs(w) == Where::Device ? w : w + (layers - 1) * param;
+      CHECK(s.r.whereIs(overdue) == Where::Device, "no range of the loop on the device");
+      s.r.setPlanClock(0, PlanClock{pos + 1, pos + 1});
+      if (!s.plan(overdue, pos)) return false; // due before now: missed
+      CHECK(s.r.whereIs(overdue) == Where::Device, "a plan moved data");
+      const uintptr_t extra = s.next_base + (1ull << 32);
+      if (!s.addSegment(extra, kChunkBytes)) return false;
+      if (!s.alloc(extra, kChunkBytes)) return false;
+      CHECK(s.r.whereIs(overdue) == Where::Host, "the overdue chunk did not leave first");
+      if (!s.invariants("learned order")) return false;
+    }
+  }
+  const uint64_t over = layers * param - 24 * kChunkBytes;
+  CHECK(pass_bytes[0] == layers * param, "LRU brought in %llu chunks a pass, want all %llu",
+        (unsigned long long)(pass_bytes[0] / kChunkBytes),
+        (unsigned long long)(layers * param / kChunkBytes));
+  CHECK(pass_bytes[1] <= over + param, "a planned pass brought in %llu chunks, %llu do not fit",
+        (unsigned long long)(pass_bytes[1] / kChunkBytes), (unsigned long long)(over / kChunkBytes));
+  return true;
+}
+
 // Note [Ranges larger than the budget]: a new segment, a block handed out and
 // a touched range larger than the budget take free room only: no live chunk is
 // evicted for them and no dead one discarded; the rest is mapped in place.
@@ -1237,6 +1307,7 @@ int main() {
       {"inference: read-only duplicates", inferenceReadOnly},
       {"cancelled moves: coverage and cuts", cancelledMoveRanges},
       {"a repeated read-only scan keeps a prefix", repeatedScanKeepsAPrefix},
+      {"the learned order moves what does not fit", learnedOrderMovesWhatDoesNotFit},
       {"evicted, then freed unused, is counted", evictedUnusedIsCounted},
       {"graph pool outputs survive frees and restores", graphPoolOutputsSurvive},
       {"a block no event touches stays evicted",

@@ -166,6 +166,8 @@ class _Stats(ctypes.Structure):
             "op_matches",
             "op_paths",
             "op_signal_ns",
+            "plan_bytes",
+            "plan_victim_bytes",
         )
     ]
 

@@ -135,8 +135,7 @@ bool Engine::move(
     bool any_policy,
     uint64_t* moved,
     bool read_only,
-    bool hold,
-    bool live_only) {
+    bool hold) {
   std::vector<Action> actions;
   uint64_t ticket = 0;
   {
@@ -145,9 +144,6 @@ bool Engine::move(
     const int device = residency_.deviceOf(addr);
     if (device < 0) {
       return false;
-    }
-    if (live_only && residency_.liveBytesAt(addr) == 0) {
-      return true;
     }
     const DeviceLimits lim = limits(device, false);
     if (location == compat::kHost) {
@@ -182,24 +178,82 @@ uint64_t Engine::touch(
   return moved;
 }
 
-bool Engine::touchForOp(
-    const void* ptr,
-    size_t size,
+bool Engine::touchOp(
+    const Lookahead::Range* ranges,
+    const uint64_t* dues,
+    size_t n,
     int device,
     cudaStream_t stream,
+    PlanClock clock,
     uint64_t* moved) {
   *moved = 0;
-  return move(ptr, size, device, stream, /*any_policy=*/false, moved);
+  std::vector<Action> actions;
+  uint64_t ticket = 0;
+  bool managed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cfg_.lru) {
+      return false;
+    }
+    bool clocked = false;
+    for (size_t i = 0; i < n; ++i) {
+      const uintptr_t addr = ranges[i].addr;
+      const int owner = residency_.deviceOf(addr);
+      if (owner < 0) {
+        continue;
+      }
+      managed = true;
+      if (owner == device && !clocked) {
+        residency_.setPlanClock(device, clock);
+        clocked = true;
+      }
+      *moved += residency_.touch(addr, ranges[i].size, device, stream, policy(),
+                                 limits(owner, false), actions);
+    }
+    // Filed only now: the operator's ranges, touched last, are the newest,
+    // and no touch of the operator evicts another's (Note [The learned
+    // eviction order]).
+    for (size_t i = 0; i < n && clocked; ++i) {
+      if (residency_.deviceOf(ranges[i].addr) == device) {
+        residency_.plan(ranges[i].addr, ranges[i].size, dues[i]);
+      }
+    }
+    if (actions.empty()) {
+      return managed;
+    }
+    ticket = executor_.take();
+  }
+  executor_.run(ticket, actions, true);
+  return managed;
 }
 
 uint64_t Engine::touchAhead(
     const void* ptr,
     size_t size,
     int device,
-    cudaStream_t stream) {
+    cudaStream_t stream,
+    uint64_t due) {
+  std::vector<Action> actions;
+  uint64_t ticket = 0;
   uint64_t moved = 0;
-  move(ptr, size, device, stream, /*any_policy=*/false, &moved, false, false,
-       /*live_only=*/true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    // Live data only: dead content is placed by the allocation that revives
+    // it (Note [Event inlet]).
+    if (!cfg_.lru || residency_.deviceOf(addr) != device ||
+        residency_.liveBytesAt(addr) == 0) {
+      return 0;
+    }
+    moved = residency_.touch(addr, size, device, stream, policy(),
+                             limits(device, false), actions);
+    residency_.plan(addr, size, due);
+    if (actions.empty()) {
+      return moved;
+    }
+    ticket = executor_.take();
+  }
+  executor_.run(ticket, actions, true);
   return moved;
 }
 
@@ -811,6 +865,8 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.forget_bytes = rc.forget_bytes;
   s.forgotten_discard_bytes = rc.forgotten_discard_bytes;
   s.hold_bytes = rc.hold_bytes;
+  s.plan_bytes = rc.plan_bytes;
+  s.plan_victim_bytes = rc.plan_victim_bytes;
   s.event_samples = event_samples_.load(std::memory_order_relaxed);
   s.event_sample_ns = event_sample_ns_.load(std::memory_order_relaxed);
   const KernelCopyCounters kc = kernelCopyCounters();

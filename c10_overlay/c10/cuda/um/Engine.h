@@ -20,6 +20,7 @@
 #include <c10/cuda/um/Config.h>
 #include <c10/cuda/um/Executor.h>
 #include <c10/cuda/um/LedgerTrace.h>
+#include <c10/cuda/um/Lookahead.h>
 #include <c10/cuda/um/Policies.h>
 #include <c10/cuda/um/Residency.h>
 #include <c10/cuda/um/UnifiedMemory.h>
@@ -83,20 +84,30 @@ class Engine {
       bool read_only = false,
       bool hold = false);
   // Note [Operator use signals] (OpSignal.h): an operator is about to use
-  // [ptr, ptr+size) on `device`, its kernels queued on `stream`. As touch;
-  // false when the range is not an engine segment. `moved`: bytes asked to
-  // move.
-  bool touchForOp(
+  // `ranges` on `device`, its kernels queued on `stream`. Each is touched as
+  // by touch, all under one lock and one executor ticket; then each is filed
+  // under its predicted next use `dues[i]` (0: none), at the signal's
+  // positions `clock` (Note [The learned eviction order], Residency.h).
+  // False when no range is an engine segment. `moved`: bytes asked to move.
+  bool touchOp(
+      const Lookahead::Range* ranges,
+      const uint64_t* dues,
+      size_t n,
+      int device,
+      cudaStream_t stream,
+      PlanClock clock,
+      uint64_t* moved);
+  // Note [Learned lookahead] (Lookahead.h): [ptr, ptr+size) is predicted to
+  // be used at position `due`; touched on `stream` (the signal's own) if the
+  // chunk at ptr holds live bytes (dead content is placed by the allocation
+  // that revives it, Note [Event inlet]), then filed under `due`. Returns the
+  // bytes asked to move.
+  uint64_t touchAhead(
       const void* ptr,
       size_t size,
       int device,
       cudaStream_t stream,
-      uint64_t* moved);
-  // Note [Learned lookahead] (Lookahead.h): [ptr, ptr+size) is predicted to
-  // be used soon; touched on `stream` (the signal's own) if the chunk at ptr
-  // holds live bytes (dead content is placed by the allocation that revives
-  // it, Note [Event inlet]). Returns the bytes asked to move.
-  uint64_t touchAhead(const void* ptr, size_t size, int device, cudaStream_t stream);
+      uint64_t due);
   // The bytes the learned lookahead may have in flight on `device`: the
   // op_lookahead setting, at most an eighth of the device budget; 0 when the
   // device is not known yet.
@@ -227,8 +238,7 @@ class Engine {
       bool any_policy,
       uint64_t* moved,
       bool read_only = false,
-      bool hold = false,
-      bool live_only = false);
+      bool hold = false);
 
   mutable std::mutex mu_;
   Config cfg_;

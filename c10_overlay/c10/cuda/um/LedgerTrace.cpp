@@ -23,6 +23,8 @@ bool knownOp(char c) {
     case TraceRecord::Touch:
     case TraceRecord::Forget:
     case TraceRecord::Evict:
+    case TraceRecord::Plan:
+    case TraceRecord::Clock:
       return true;
     default:
       return false;
@@ -108,6 +110,12 @@ void replayTrace(Residency& ledger, const TraceRecord& r, std::vector<Action>& o
       break;
     case TraceRecord::Evict:
       ledger.evict(r.addr, r.size, stream, r.limits, out);
+      break;
+    case TraceRecord::Plan:
+      ledger.plan(r.addr, r.size, r.limits.budget);
+      break;
+    case TraceRecord::Clock:
+      ledger.setPlanClock(r.device, PlanClock{r.addr, r.size});
       break;
   }
 }

@@ -5,7 +5,9 @@
 namespace c10::cuda::um {
 
 Lookahead::Lookahead(size_t capacity, size_t max_steps)
-    : hist_(capacity < 2 ? 2 : capacity), max_steps_(max_steps) {}
+    : hist_(capacity < 2 ? 2 : capacity),
+      prev_(hist_.size(), 0),
+      max_steps_(max_steps) {}
 
 uint64_t Lookahead::key(const Range& prev, const Range& r) {
   // The transition prev -> r, not r alone: a storage used several times a
@@ -38,6 +40,12 @@ bool Lookahead::record(const Range& r) {
   // matches it, in order, instead of jumping between the two.
   const bool local = q != 0 && pos_ - q <= kLocal;
   hist_[pos_ % hist_.size()] = r;
+  uint64_t before = 0;
+  if (auto [it, fresh] = last_.try_emplace(r.addr, pos_); !fresh) {
+    before = held(it->second) && at(it->second) == r ? it->second : 0;
+    it->second = pos_;
+  }
+  prev_[pos_ % hist_.size()] = before;
   if (!local) {
     seen_[k] = pos_;
   }
@@ -51,11 +59,16 @@ bool Lookahead::record(const Range& r) {
     for (auto it = seen_.begin(); it != seen_.end();) {
       it = held(it->second) ? std::next(it) : seen_.erase(it);
     }
+    for (auto it = last_.begin(); it != last_.end();) {
+      it = held(it->second) ? std::next(it) : last_.erase(it);
+    }
   }
   if (q == 0) {
     return false;
   }
   counters_.matches += 1;
+  matched_at_ = pos_ - 1;
+  shift_ = matched_at_ - q;
   // Near the path: a transition that occurs twice close together (an op and
   // the op it dispatches to, both reporting the same arguments) matches its
   // later occurrence first and its earlier one next, a small step back. Only
@@ -78,6 +91,28 @@ bool Lookahead::record(const Range& r) {
     match_ = std::max(match_, q);
   }
   return true;
+}
+
+uint64_t Lookahead::due(const Range& r) const {
+  // Note [Predicted next use]
+  if (!onPath() || pos_ <= shift_) {
+    return 0;
+  }
+  const uint64_t from = pos_ - shift_; // "now", a period ago
+  uint64_t g = pos_; // no use in the last period after now: one period on
+  const auto it = last_.find(r.addr);
+  if (it != last_.end()) {
+    uint64_t p = it->second;
+    for (int steps = 0; p > from && held(p) && at(p) == r; ++steps) {
+      if (steps == kWalk) {
+        // Used that often a period: hot, next at its last spacing.
+        return pos_ + (pos_ - it->second);
+      }
+      g = p;
+      p = prev_[p % hist_.size()];
+    }
+  }
+  return g + shift_;
 }
 
 void Lookahead::release(uint64_t p) {

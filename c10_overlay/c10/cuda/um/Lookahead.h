@@ -32,6 +32,27 @@
 // handed-out position and released once the program's own use reaches it, so
 // that what is in flight ahead stays under the lookahead.
 //
+// Note [Predicted next use]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// The same history says when each range is needed next, which is what an
+// eviction order needs (Belady's rule: the victim is the data whose next use
+// is farthest; Note [The learned eviction order], Residency.h). Along a path
+// the present position P corresponds to P - shift in the history, where
+// shift is the distance between the last match and the position it matched
+// (one period of the loop). The uses of a range r in the history after that
+// point are its uses in the last period from "now" on; the first of them, g,
+// predicts r's next use at g + shift. A range used once a period (a weight in a plain
+// scan, the optimizer state) is predicted one period ahead, a saved
+// activation at its use in the backward, a weight of the forward at its use
+// in the backward, and so on, with no notion of what the data is. Each use
+// links to the range's use before it (prev_), so the search walks back from
+// r's last use, at most kWalk uses: a range used that often a period is hot,
+// predicted at the spacing of its last two uses. A prediction is renewed at
+// every use: an op and the op it dispatches to (a local repeat) predict
+// each other, and the second predicts the next real use. Off a path (no match for
+// max_steps positions: a new pattern, the first period) nothing is
+// predicted, and the caller's plain order decides.
+//
 // Pure C++ (no CUDA): tested on the CPU in tests/engine/lookahead_test.cpp.
 // Not thread-safe: the caller serialises use() per device.
 #pragma once
@@ -62,8 +83,9 @@ class Lookahead {
   // The operator about to run uses `ranges` (in argument order). Records
   // them, then hands the ranges predicted to follow to `ahead`, in predicted
   // order, while the bytes moved ahead and not yet used stay under
-  // `lookahead_bytes`. `ahead(range)` brings the range in and returns the
-  // bytes it asked to move (0 when it was on the device already).
+  // `lookahead_bytes`. `ahead(range, due)` brings the range in and returns
+  // the bytes it asked to move (0 when it was on the device already); `due`
+  // is the position of its predicted use (Note [Predicted next use]).
   template <class Ahead>
   void use(const Range* ranges, size_t n, uint64_t lookahead_bytes, Ahead&& ahead) {
     recorded_ = 0;
@@ -80,7 +102,7 @@ class Lookahead {
     for (uint64_t p = cursor_ + 1; in_flight_ < lookahead_bytes && steps < max_steps_ &&
          p < limit && held(p);
          ++p, ++steps) {
-      const uint64_t moved = ahead(at(p));
+      const uint64_t moved = ahead(at(p), p + shift_);
       if (moved > 0) {
         flight_.push_back({p, moved});
         in_flight_ += moved;
@@ -89,6 +111,20 @@ class Lookahead {
       counters_.ahead_ranges += 1;
       cursor_ = p;
     }
+  }
+
+  // Note [Predicted next use]: the position at which r, used now (before
+  // use() records it), is predicted to be used next; 0 off a path.
+  uint64_t due(const Range& r) const;
+  // Positions, for an order by predicted use: `now` is the next position to
+  // be recorded; `window` the predicted position of the last range handed
+  // out ahead (0 off a path). A prediction earlier than `now` was missed.
+  struct Clock {
+    uint64_t now = 0;
+    uint64_t window = 0;
+  };
+  Clock clock() const {
+    return Clock{pos_, onPath() ? cursor_ + shift_ : 0};
   }
 
   struct Counters {
@@ -107,6 +143,10 @@ class Lookahead {
 
  private:
   static constexpr uint64_t kLocal = 4; // positions of a local repeat
+  static constexpr int kWalk = 16; // uses due() looks back over
+  bool onPath() const {
+    return shift_ != 0 && pos_ - matched_at_ <= max_steps_;
+  }
   static uint64_t key(const Range& prev, const Range& r);
   // Records r; true if it matched an earlier use (then match_ and cursor_
   // follow it).
@@ -121,6 +161,12 @@ class Lookahead {
   }
 
   std::vector<Range> hist_; // ring; position p at hist_[p % size]
+  // The range's use before position p (0: none held), beside hist_.
+  std::vector<uint64_t> prev_;
+  // A range's start -> its last position (Note [Predicted next use]).
+  std::unordered_map<uintptr_t, uint64_t> last_;
+  uint64_t shift_ = 0; // last match's position - the position it matched
+  uint64_t matched_at_ = 0; // and its position
   uint64_t pos_ = 1; // next position; 0 means "none"
   uint64_t recorded_ = 0; // positions the current use() recorded
   // The transition (range before, range) -> its last position.

@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -224,35 +225,35 @@ void OpSignal::observe(
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
+  n = std::min(n, kMaxRanges);
   Engine& engine = Engine::get();
-  uint64_t moved = 0;
-  bool managed = false;
+  Device& d = deviceState(device);
+  std::lock_guard<std::mutex> lock(d.mu);
+  // Each range's predicted next use, asked before the op is recorded (Note
+  // [Predicted next use]); the touches then file the ranges under it (Note
+  // [The learned eviction order]), all under one engine lock.
+  uint64_t dues[kMaxRanges];
   for (size_t i = 0; i < n; ++i) {
-    uint64_t m = 0;
-    if (engine.touchForOp(
-            reinterpret_cast<const void*>(ranges[i].addr), ranges[i].size, device,
-            static_cast<cudaStream_t>(stream), &m)) {
-      managed = true;
-      moved += m;
-    }
+    dues[i] = d.order.due(ranges[i]);
   }
-  if (managed) {
+  const Lookahead::Clock clock = d.order.clock();
+  uint64_t moved = 0;
+  if (engine.touchOp(ranges, dues, n, device, static_cast<cudaStream_t>(stream),
+                     PlanClock{clock.now, clock.window}, &moved)) {
     ops_.fetch_add(1, std::memory_order_relaxed);
     if (moved > 0) {
       touch_bytes_.fetch_add(moved, std::memory_order_relaxed);
     }
     const uint64_t lookahead = engine.lookaheadBytes(device);
-    Device& d = deviceState(device);
-    std::lock_guard<std::mutex> lock(d.mu);
     // No stream is made, and nothing moves, while a graph is captured.
     void* side = lookahead > 0 && !engine.capturesUnderway() ? aheadStream(device, d) : nullptr;
     const uint64_t before_ranges = d.order.counters().ahead_ranges;
     const uint64_t before_bytes = d.order.counters().ahead_bytes;
-    d.order.use(ranges, n, side != nullptr ? lookahead : 0, [&](const Lookahead::Range& r) {
-      return engine.touchAhead(
-          reinterpret_cast<const void*>(r.addr), r.size, device,
-          static_cast<cudaStream_t>(side));
-    });
+    d.order.use(ranges, n, side != nullptr ? lookahead : 0,
+                [&](const Lookahead::Range& r, uint64_t due) {
+                  return engine.touchAhead(reinterpret_cast<const void*>(r.addr), r.size,
+                                           device, static_cast<cudaStream_t>(side), due);
+                });
     ahead_ranges_.fetch_add(
         d.order.counters().ahead_ranges - before_ranges, std::memory_order_relaxed);
     ahead_bytes_.fetch_add(

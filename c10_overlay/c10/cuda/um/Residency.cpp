@@ -175,13 +175,17 @@ Residency::OrderKind Residency::orderOf(const Segment& seg, size_t i) const {
   if (seg.dead(i)) {
     return OrderKind::Dead;
   }
-  return seg.chunks[i].scan ? OrderKind::Scan : OrderKind::Live;
+  if (seg.chunks[i].scan) {
+    return OrderKind::Scan;
+  }
+  return seg.chunks[i].due != 0 ? OrderKind::Planned : OrderKind::Live;
 }
 
 Residency::Order& Residency::order(DeviceLru& d, OrderKind kind) {
-  return kind == OrderKind::Dead ? d.dead
-      : kind == OrderKind::Scan  ? d.scan
-                                 : d.live;
+  return kind == OrderKind::Dead  ? d.dead
+      : kind == OrderKind::Scan     ? d.scan
+      : kind == OrderKind::Planned  ? d.planned
+                                    : d.live;
 }
 
 void Residency::unlink(Segment& seg, size_t i) {
@@ -224,10 +228,11 @@ void Residency::link(Segment& seg, size_t i) {
     c.in = kind;
     return;
   }
-  // Note [The eviction order's cost]: most links are at the newest tick. The
-  // key is unique: segments in the ledger never overlap (addSegment).
+  // Note [The eviction order's cost]: most links are at the newest tick (a
+  // planned chunk's due is not, and is placed by search). The key is unique:
+  // segments in the ledger never overlap (addSegment).
   Order& into = order(d, kind);
-  const Key key{c.tick, seg.chunkAddr(i)};
+  const Key key = keyOf(seg, i, kind);
   if (spare_.empty()) {
     c.pos = into.emplace_hint(into.end(), key);
   } else {
@@ -250,7 +255,7 @@ void Residency::ensureOrdered(int device) {
     for (size_t i = 0; i < seg.chunks.size(); ++i) {
       Chunk& c = seg.chunks[i];
       if (c.in != OrderKind::None) {
-        c.pos = order(d, c.in).emplace(c.tick, seg.chunkAddr(i)).first;
+        c.pos = order(d, c.in).emplace(keyOf(seg, i, c.in)).first;
       }
     }
   }
@@ -262,6 +267,7 @@ void Residency::setWhere(Segment& seg, size_t i, Where to) {
   seg.chunks[i].where = to;
   if (to == Where::Host) {
     seg.chunks[i].held = false; // Note [Held ranges]: it left, so it ends
+    seg.chunks[i].due = 0; // Note [The learned eviction order]: so does a plan
   }
   if (to == Where::Device) {
     seg.chunks[i].evicted_live = false;
@@ -291,6 +297,7 @@ void Residency::setLive(Segment& seg, size_t i, uint32_t live, bool retick) {
   c.live = live;
   if (retick) {
     c.tick = tick_;
+    c.due = 0; // another block: the prediction was about the old one
   }
   link(seg, i);
 }
@@ -299,6 +306,7 @@ void Residency::retouch(Segment& seg, size_t i, bool scan) {
   unlink(seg, i);
   seg.chunks[i].tick = tick_;
   seg.chunks[i].scan = scan;
+  seg.chunks[i].due = 0; // until plan() files it again
   link(seg, i);
 }
 
@@ -488,17 +496,29 @@ uint64_t Residency::makeRoom(
   DeviceLru& d = lru(device);
   uint64_t freed = 0;
   while (freed < need) {
-    // Note [Scans]: dead chunks first (they leave without a copy), then live
-    // ones colder than the whole scan, then the scan's most recently read,
-    // then the least recently touched live ones; never a chunk of the range
-    // being brought in.
+    // Note [The learned eviction order], around Note [Scans]: dead chunks
+    // first (they leave without a copy), then planned ones whose use is
+    // overdue, then planned ones due after the lookahead's window (farthest
+    // first), then the unplanned: live ones colder than the whole scan, the
+    // scan's most recently read, the least recently touched; last the
+    // planned ones inside the window. Never a chunk of the range being
+    // brought in (no planned chunk is: a touch takes its chunks out of
+    // `planned` until plan() files them again).
     auto usable = [&](const Order& s) {
       return !s.empty() && s.begin()->first < protect_tick;
     };
+    const Order& p = d.planned;
     uintptr_t addr = 0;
+    bool by_plan = false;
     if (usable(d.dead)) {
       addr = dead_choice_ == nullptr ? d.dead.begin()->second
                                      : chooseDead(d.dead, protect_tick);
+    } else if (!p.empty() && p.begin()->first < d.clock.now) {
+      addr = p.begin()->second;
+      by_plan = true;
+    } else if (!p.empty() && p.rbegin()->first > d.clock.window) {
+      addr = p.rbegin()->second;
+      by_plan = true;
     } else if (
         usable(d.live) &&
         (d.scan.empty() || d.live.begin()->first < d.scan.begin()->first)) {
@@ -508,11 +528,18 @@ uint64_t Residency::makeRoom(
       addr = std::prev(it)->second;
     } else if (usable(d.live)) {
       addr = d.live.begin()->second;
+    } else if (!p.empty()) {
+      addr = p.rbegin()->second;
+      by_plan = true;
     } else {
       break;
     }
     Segment* seg = find(addr);
-    freed += leave(*seg, (addr - seg->base) / kChunkBytes, limits, out);
+    const uint64_t left = leave(*seg, (addr - seg->base) / kChunkBytes, limits, out);
+    freed += left;
+    if (by_plan) {
+      counters_.plan_victim_bytes += left;
+    }
   }
   return freed;
 }
@@ -857,6 +884,46 @@ void Residency::holdChunks(Segment& seg, size_t first, size_t last,
   }
 }
 
+uint64_t Residency::plan(uintptr_t addr, uint64_t size, uint64_t due) {
+  if (trace_ != nullptr) {
+    TraceRecord r{TraceRecord::Plan, addr, size};
+    r.limits.budget = due;
+    trace_->record(r);
+  }
+  Segment* seg = find(addr);
+  if (seg == nullptr || size == 0) {
+    return 0;
+  }
+  const auto [hi, first, last] = seg->span(addr, size);
+  uint64_t filed = 0;
+  for (size_t i = first; i < last; ++i) {
+    Chunk& c = seg->chunks[i];
+    // Live on the device and in a plain order: held chunks never leave, a
+    // read-only scan keeps Note [Scans]' order, dead ones leave first anyway.
+    const OrderKind now = orderOf(*seg, i);
+    if (c.due == due ||
+        (now != OrderKind::Live && now != OrderKind::Planned)) {
+      continue;
+    }
+    unlink(*seg, i);
+    c.due = due;
+    link(*seg, i);
+    if (due != 0) {
+      filed += seg->chunkSize(i);
+    }
+  }
+  counters_.plan_bytes += filed;
+  return filed;
+}
+
+void Residency::setPlanClock(int device, PlanClock clock) {
+  if (trace_ != nullptr) {
+    TraceRecord r{TraceRecord::Clock, clock.now, clock.window, device};
+    trace_->record(r);
+  }
+  lru(device).clock = clock;
+}
+
 uint64_t Residency::forget(uintptr_t addr, uint64_t size) {
   if (trace_ != nullptr) {
     trace_->record(TraceRecord{TraceRecord::Forget, addr, size});
@@ -1046,12 +1113,11 @@ std::string Residency::checkInvariants() const {
         return "a chunk is not in the eviction order its state says";
       }
       if (devices_[seg.device].ordered && c.in != OrderKind::None &&
-          *c.pos != Key{c.tick, seg.chunkAddr(i)}) {
+          *c.pos != keyOf(seg, i, c.in)) {
         return "a chunk's entry in the eviction order is not its own";
       }
       if (c.where != Where::Host && !c.held) {
-        (seg.dead(i) ? e.dead : c.scan ? e.scan : e.live)
-            .insert(Key{c.tick, seg.chunkAddr(i)});
+        order(e, orderOf(seg, i)).insert(keyOf(seg, i, orderOf(seg, i)));
         if (seg.dead(i)) {
           e.dead_bytes += seg.chunkSize(i);
         }
@@ -1068,10 +1134,12 @@ std::string Residency::checkInvariants() const {
             ", chunks say " + std::to_string(e.bytes[w]);
       }
     }
-    if (a.ordered && (a.live != e.live || a.scan != e.scan || a.dead != e.dead)) {
+    if (a.ordered && (a.live != e.live || a.scan != e.scan || a.dead != e.dead ||
+                      a.planned != e.planned)) {
       return "device " + std::to_string(dev) + ": eviction order out of date";
     }
-    if (!a.ordered && !(a.live.empty() && a.scan.empty() && a.dead.empty())) {
+    if (!a.ordered &&
+        !(a.live.empty() && a.scan.empty() && a.dead.empty() && a.planned.empty())) {
       return "device " + std::to_string(dev) + ": orders hold chunks before they are built";
     }
     if (a.dead_bytes != e.dead_bytes) {

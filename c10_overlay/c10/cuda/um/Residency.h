@@ -80,6 +80,36 @@
 // Training touches nothing read-only, so for it this is plain LRU; a chunk
 // touched for writing or (re)allocated leaves the scan set.
 //
+// Note [The learned eviction order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// LRU is the worst order for any loop, not only a scan: in a training step
+// the chunk used least recently is the one needed soonest after the
+// lookahead (Note [Learned lookahead], Lookahead.h) brought in what it
+// predicts, so what it brings in is evicted again before its use (a plain-
+// tensor step past its budget moved 9.5 GiB ahead where 4.4 GiB must move:
+// docs/notes/step-53-operator-signal.md). Where the operator signal has
+// learned the loop, each use of a range comes with the position of its
+// predicted next use (Note [Predicted next use]), and plan() files the
+// range's chunks under it, in the order `planned`, keyed by that position
+// (`due`) instead of by the last touch. With the positions the signal sets
+// by setPlanClock (`now`: the present; `window`: the last use the lookahead
+// has brought in ahead), room is made
+//   1. from dead chunks, as always (no copy);
+//   2. from planned chunks whose use is overdue (due before now: the loop
+//      did not come back to them, a changed pattern), most overdue first;
+//   3. from planned chunks due after the window, farthest first: Belady's
+//      rule on the learned order;
+//   4. from unplanned chunks, by Note [Scans] (data no prediction covers:
+//      fresh outputs not yet read, the first period, another phase);
+//   5. last, from planned chunks inside the window, farthest first: what the
+//      lookahead brought in for its use leaves only when nothing else can.
+// A touch without a prediction (the Python layer's, a use off the learned
+// path) takes a chunk out of `planned` again; a block event over it does
+// too. The signal plans a range only after every range of its operator was
+// touched, so that the newest touches protect an operator's inputs from
+// each other (makeRoom's protect_tick). Without the signal nothing is
+// planned and the orders are those above.
+//
 // Note [Ranges larger than the budget]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A range (a new segment, a block handed out, a touched range) larger than
@@ -283,6 +313,14 @@ struct DeviceLimits {
   bool read_copies = false;
 };
 
+// The signal's positions for the order by predicted use (Note [The learned
+// eviction order]): `now` the present, `window` the predicted position of
+// the last range brought in ahead.
+struct PlanClock {
+  uint64_t now = 0;
+  uint64_t window = 0;
+};
+
 // Note [Ledger traces]
 // ~~~~~~~~~~~~~~~~~~~~
 // The ledger decides from its calls alone: no clock, no CUDA, no state from
@@ -300,6 +338,8 @@ struct TraceRecord {
     Touch = 'T',
     Forget = 'G',
     Evict = 'E',
+    Plan = 'P', // size: the range; budget: its due position
+    Clock = 'K', // addr: now; size: window (setPlanClock)
   };
   Op op = Alloc;
   uintptr_t addr = 0;
@@ -351,6 +391,10 @@ struct ResidencyCounters {
   // Note [Held ranges]: bytes of chunks a touch with `hold` took out of the
   // eviction orders.
   uint64_t hold_bytes = 0;
+  // Note [The learned eviction order]: bytes plan() filed under a predicted
+  // use, and bytes that left the device chosen by that order.
+  uint64_t plan_bytes = 0;
+  uint64_t plan_victim_bytes = 0;
 };
 
 class Residency {
@@ -413,6 +457,13 @@ class Residency {
       std::vector<Action>& out,
       bool read_only = false,
       bool hold = false);
+  // Note [The learned eviction order]: the live chunks of [addr, addr+size)
+  // on their device (not held, not read-only scans) are next used at
+  // position `due` (0: no prediction, they go back to the plain order).
+  // Returns the bytes filed.
+  uint64_t plan(uintptr_t addr, uint64_t size, uint64_t due);
+  // The signal's positions on `device` for the order above.
+  void setPlanClock(int device, PlanClock clock);
   // Note [Forgotten content]: the content of live [addr, addr+size) is dead
   // until the range is next touched. Returns the bytes of the chunks marked
   // stale (those wholly inside the range, holding no other live bytes).
@@ -533,7 +584,7 @@ class Residency {
   using Key = std::pair<uint64_t, uintptr_t>;
   using Order = std::set<Key>;
   // Which of its device's orders (DeviceLru) a chunk is in.
-  enum class OrderKind : uint8_t { None, Live, Scan, Dead };
+  enum class OrderKind : uint8_t { None, Live, Scan, Dead, Planned };
   struct Chunk {
     Where where = Where::Unplaced;
     bool discarded = false; // pages dropped: must be placed before a write
@@ -550,6 +601,8 @@ class Residency {
     uint64_t evicted_in = 0; // eviction batch that last moved it to host
     uint32_t live = 0; // bytes of live blocks in this chunk
     uint64_t tick = 0; // last touch
+    // predicted next use (Note [The learned eviction order]); 0: none
+    uint64_t due = 0;
     // Its entry in its device's order `in` while on the device (Note [The
     // eviction order's cost]); set by link(), erased through by unlink().
     OrderKind in = OrderKind::None;
@@ -594,6 +647,10 @@ class Residency {
     Order live; // device-resident chunks holding live bytes
     Order scan; // of those, the ones last touched read-only
     Order dead; // device-resident chunks with no live bytes
+    // live chunks with a predicted next use, keyed by it (Note [The learned
+    // eviction order]), and the signal's positions
+    Order planned;
+    PlanClock clock;
     uint64_t bytes[3] = {0, 0, 0}; // by Where
     // The bytes of the chunks in `dead`, kept by link/unlink, so that
     // stats() costs no walk (Note [Dead bytes are counted]).
@@ -632,6 +689,12 @@ class Residency {
   // The order chunk i belongs in by its state, and a device's order.
   OrderKind orderOf(const Segment& seg, size_t i) const;
   static Order& order(DeviceLru& d, OrderKind kind);
+  // A chunk's key in its order: (due, address) in `planned`, else (tick,
+  // address).
+  static Key keyOf(const Segment& seg, size_t i, OrderKind kind) {
+    return Key{kind == OrderKind::Planned ? seg.chunks[i].due : seg.chunks[i].tick,
+               seg.chunkAddr(i)};
+  }
   // Sets a chunk's live bytes; `retick` also makes it the most recent.
   void setLive(Segment& seg, size_t i, uint32_t live, bool retick);
   // Note [Ranges larger than the budget]: a range of `size` bytes makes no

@@ -131,6 +131,10 @@ typedef struct TorchUmStats {
   uint64_t op_matches;
   uint64_t op_paths;
   uint64_t op_signal_ns;
+  /* Note [The learned eviction order] (Residency.h): bytes filed under a
+   * predicted next use, and bytes that left the device chosen by it. */
+  uint64_t plan_bytes;
+  uint64_t plan_victim_bytes;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
