@@ -41,6 +41,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from bench import common
@@ -129,19 +130,48 @@ def _lion_step(torch: Any, params: list[Any], state: dict[int, Any]) -> None:
             p.grad = None
 
 
-def run_program(torch: Any, klass: str, steps: int, rows: int) -> tuple[list[float], list[float]]:
+# The engine's counters recorded for each step (their growth in the step), so that a
+# slow step can be told from a fast one by what moved.
+STEP_COUNTERS = (
+    "um.prefetch_bytes",
+    "um.evict_bytes",
+    "um.reuse_bytes",
+    "um.discard_bytes",
+    "um.op_touch_bytes",
+    "um.op_ahead_bytes",
+    "um.op_matches",
+    "um.op_paths",
+    "um.plan_victim_bytes",
+    "um.fence_wait_ns",
+    "um.op_signal_ns",
+)
+
+
+def run_program(
+    torch: Any,
+    klass: str,
+    steps: int,
+    rows: int,
+    counters: Callable[[], dict[str, int]] | None = None,
+    per_step: list[dict[str, int]] | None = None,
+) -> tuple[list[float], list[float]]:
     """(each step's seconds, each step's output); the phases of pattern-change are
-    steps // 2 training steps, steps // 4 forwards of half the rows, the rest training."""
+    steps // 2 training steps, steps // 4 forwards of half the rows, the rest training.
+    With `counters` (um.stats), each step's growth of STEP_COUNTERS goes to `per_step`."""
     times: list[float] = []
     outs: list[float] = []
 
     def timed(fn: Any) -> None:
         torch.cuda.synchronize()
+        before = counters() if counters is not None else {}
         t0 = time.perf_counter()
         out = fn()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         outs.append(out)
+        if counters is not None and per_step is not None:
+            after = counters()
+            per_step.append({k: after.get(k, 0) - before.get(k, 0) for k in STEP_COUNTERS})
 
     if klass == "train-custom-opt":
         model = _custom_opt_model(torch)
@@ -189,7 +219,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         base["conf"] = um.get_config()
     torch.cuda.reset_peak_memory_stats()
     before = um.stats() if um is not None else {}
-    times, outs = run_program(torch, args.klass, args.steps, WIDTH)
+    per_step: list[dict[str, int]] = []
+    times, outs = run_program(
+        torch, args.klass, args.steps, WIDTH, um.stats if um is not None else None, per_step
+    )
     base.update(
         steps=times,
         outputs=outs,
@@ -200,6 +233,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         after = um.stats()
         keys = [k for k in after if isinstance(after[k], int)]
         base["counters"] = {k: after[k] - before.get(k, 0) for k in keys}
+        base["step_counters"] = per_step
     return base
 
 
