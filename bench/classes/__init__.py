@@ -40,8 +40,8 @@ import importlib
 import json
 import statistics
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench import common
