@@ -61,6 +61,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace c10::cuda::um {
 
@@ -102,9 +104,18 @@ class OpSignal {
     std::mutex mu;
     Lookahead order;
     void* ahead_stream = nullptr; // cudaStream_t, made on first use
+    // Note [Waiting for what was brought in ahead]: a range's start -> the
+    // event (cudaEvent_t) recorded after its bring-in on ahead_stream, until
+    // an operator uses it; and events to reuse.
+    std::unordered_map<uintptr_t, void*> arriving;
+    std::vector<void*> spare_events;
   };
   Device& deviceState(int index);
   void* aheadStream(int index, Device& d);
+  // Requires d.mu: marks `addr` as arriving after the work queued on `side`.
+  void markArriving(int index, Device& d, uintptr_t addr, void* side);
+  // Requires d.mu: `stream` waits for the bring-ins ahead of `ranges`.
+  void waitArrivals(Device& d, void* stream, const Lookahead::Range* ranges, size_t n);
 
   static constexpr int kDevices = 64;
   std::mutex mu_; // install/remove, making a Device
