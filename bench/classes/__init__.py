@@ -23,6 +23,7 @@ Modes:
   um-prev      the previous engine (--prev-pythonpath) at the budget, its own defaults
   um           this engine at the budget, its defaults (the operator use signal on)
   um-nosignal  this engine at the budget with op_signal:False: what the signal adds
+  um-noahead   this engine at the budget with op_lookahead:0: what the lookahead adds
 
 Every UM worker caps total managed memory at 80 % of the free memory it reads at start
 (bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
@@ -47,9 +48,14 @@ from typing import Any
 from bench import common
 
 CLASSES = ("train-plain", "train-custom-opt", "pattern-change")
-MODES = ("stock", "um-prev", "um", "um-nosignal")
+MODES = ("stock", "um-prev", "um", "um-nosignal", "um-noahead")
 PREV = "um-prev"
-UM_CONF = {"um-prev": "", "um": "", "um-nosignal": "op_signal:False"}
+UM_CONF = {
+    "um-prev": "",
+    "um": "",
+    "um-nosignal": "op_signal:False",
+    "um-noahead": "op_lookahead:0",
+}
 LAYERS = 24
 WIDTH = 8192
 DEFAULT_BUDGET = "6GiB"
@@ -135,6 +141,9 @@ def _lion_step(torch: Any, params: list[Any], state: dict[int, Any]) -> None:
 STEP_COUNTERS = (
     "um.prefetch_bytes",
     "um.evict_bytes",
+    "um.cancelled_bytes",
+    "um.evictor_ns",
+    "um.executor_ns",
     "um.reuse_bytes",
     "um.discard_bytes",
     "um.op_touch_bytes",
@@ -356,6 +365,7 @@ def main() -> int:
         PREV: args.prev_pythonpath,
         "um": args.um_pythonpath,
         "um-nosignal": args.um_pythonpath,
+        "um-noahead": args.um_pythonpath,
     }
     worker_args = [args.klass, "--steps", str(args.steps), "--budget", args.budget]
     cases = [(m, worker_args) for m in ("link", *modes)]
