@@ -1045,6 +1045,46 @@ bool learnedOrderMovesWhatDoesNotFit() {
   return true;
 }
 
+// Note [The learned eviction order]: a bring-in ahead of a use predicted at
+// position t takes room only from data predicted after t; with none, the
+// range stays in host RAM for its operator, and nothing is evicted for it.
+bool aheadTakesOnlyLaterRoom() {
+  Sim s;
+  s.lim.budget = 4 * kChunkBytes;
+  const uintptr_t base = s.next_base;
+  if (!s.addSegment(base, 8 * kChunkBytes)) return false;
+  const uintptr_t a = base, b = base + kChunkBytes, c = base + 2 * kChunkBytes,
+                  d = base + 3 * kChunkBytes, x = base + 4 * kChunkBytes,
+                  y = base + 5 * kChunkBytes;
+  for (uintptr_t r : {x, y, a, b, c, d}) { // x and y first: they end in host RAM
+    if (!s.alloc(r, kChunkBytes)) return false;
+    if (!s.touch(r)) return false;
+  }
+  CHECK(s.r.whereIs(x) == Where::Host && s.r.whereIs(y) == Where::Host, "x, y not evicted");
+  s.r.setPlanClock(0, PlanClock{100, 100});
+  if (!s.plan(a, 102) || !s.plan(b, 103) || !s.plan(c, 104) || !s.plan(d, 150)) return false;
+  auto ahead = [&](uintptr_t r, uint64_t at) {
+    std::vector<Action> out;
+    s.r.touch(r, kChunkBytes, 0, s.stream, s.policy, s.lim, out, false, false, at);
+    return s.apply(out, 0) && s.invariants("ahead");
+  };
+  if (!ahead(x, 110)) return false; // d (150) is later: it leaves
+  CHECK(s.r.whereIs(x) == Where::Device && s.r.whereIs(d) == Where::Host,
+        "x was not brought in for d's room");
+  if (!s.plan(x, 110)) return false;
+  const uint64_t evicted = s.r.counters().evict_bytes;
+  if (!ahead(y, 120)) return false; // everything else is needed before 120
+  CHECK(s.r.whereIs(y) == Where::Host && s.r.counters().evict_bytes == evicted,
+        "a bring-in ahead evicted data needed before it");
+  for (uintptr_t r : {a, b, c, x}) {
+    CHECK(s.r.whereIs(r) == Where::Device, "a range needed earlier left");
+  }
+  // Its operator's own touch makes room as always.
+  if (!s.touch(y)) return false;
+  CHECK(s.r.whereIs(y) == Where::Device, "the operator's touch did not bring y in");
+  return s.invariants("ahead");
+}
+
 // Note [Ranges larger than the budget]: a new segment, a block handed out and
 // a touched range larger than the budget take free room only: no live chunk is
 // evicted for them and no dead one discarded; the rest is mapped in place.
@@ -1186,6 +1226,22 @@ bool recordedTraceReplaysTheSameDecisions() {
     return false;
   }
   CHECK(s.r.counters().hold_bytes == 4 * kChunkBytes, "the bucket was not held");
+  // The learned order's records: a clock, plans, and touches ahead of a use
+  // (Note [The learned eviction order]) that evict what is predicted later.
+  s.r.setPlanClock(0, PlanClock{1000, 1010});
+  for (const auto& [addr, size] : s.live) {
+    if (addr != bucket && !s.plan(addr, 1100 + (addr >> 21) % 50)) return false;
+  }
+  // A budget the live chunks on the device fill: room comes from the plan.
+  const uint64_t budget = s.lim.budget;
+  s.lim.budget = s.r.bytesOn(0, Where::Device) - s.r.deadOnDevice(0);
+  for (const auto& [addr, size] : s.live) {
+    if (addr == bucket || s.r.whereIs(addr) != Where::Host) continue;
+    std::vector<Action> out;
+    s.r.touch(addr, size, 0, s.stream, s.policy, s.lim, out, false, false, 1020);
+    if (!s.apply(out, 0) || !s.invariants("ahead")) return false;
+  }
+  s.lim.budget = budget;
   if (!s.removeSegment(bucket)) {
     return false;
   }
@@ -1202,8 +1258,16 @@ bool recordedTraceReplaysTheSameDecisions() {
     replayTrace(again, back, out);
     all.insert(all.end(), out.begin(), out.end());
   }
-  CHECK(ops == std::set<char>({'S', 'R', 'A', 'F', 'T', 'G'}), "%zu kinds of record",
+  CHECK(ops == std::set<char>({'S', 'R', 'A', 'F', 'T', 'G', 'P', 'K'}), "%zu kinds of record",
         ops.size());
+  CHECK(std::any_of(sink.records.begin(), sink.records.end(),
+                    [](const TraceRecord& r) { return r.needed_at != 0; }),
+        "no touch ahead recorded");
+  CHECK(s.r.counters().plan_victim_bytes > 0 &&
+            again.counters().plan_victim_bytes == s.r.counters().plan_victim_bytes,
+        "the learned order's victims: %llu made, %llu replayed",
+        (unsigned long long)s.r.counters().plan_victim_bytes,
+        (unsigned long long)again.counters().plan_victim_bytes);
   CHECK(all.size() == s.all.size() && s.all.size() > 100, "%zu actions replayed, %zu made",
         all.size(), s.all.size());
   for (size_t k = 0; k < all.size(); ++k) {
@@ -1308,6 +1372,7 @@ int main() {
       {"cancelled moves: coverage and cuts", cancelledMoveRanges},
       {"a repeated read-only scan keeps a prefix", repeatedScanKeepsAPrefix},
       {"the learned order moves what does not fit", learnedOrderMovesWhatDoesNotFit},
+      {"a bring-in ahead takes only room needed later", aheadTakesOnlyLaterRoom},
       {"evicted, then freed unused, is counted", evictedUnusedIsCounted},
       {"graph pool outputs survive frees and restores", graphPoolOutputsSurvive},
       {"a block no event touches stays evicted",

@@ -246,7 +246,8 @@ uint64_t Engine::touchAhead(
       return 0;
     }
     moved = residency_.touch(addr, size, device, stream, policy(),
-                             limits(device, false), actions);
+                             limits(device, false), actions, false, false,
+                             /*needed_at=*/due);
     residency_.plan(addr, size, due);
     if (actions.empty()) {
       return moved;

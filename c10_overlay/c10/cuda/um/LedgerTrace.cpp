@@ -53,7 +53,11 @@ std::string formatTrace(const TraceRecord& r) {
       r.policy == Policy::Lru ? 1 : 0, r.limits.budget,
       static_cast<int>(r.limits.can_act), static_cast<int>(r.limits.discard),
       static_cast<int>(r.limits.read_copies));
-  return std::string(line, static_cast<size_t>(n));
+  std::string out(line, static_cast<size_t>(n));
+  if (r.needed_at != 0) {
+    out += " " + std::to_string(r.needed_at); // a bring-in ahead
+  }
+  return out;
 }
 
 bool parseTrace(std::string_view line, TraceRecord& r) {
@@ -66,14 +70,23 @@ bool parseTrace(std::string_view line, TraceRecord& r) {
   char op = 0;
   int flag = 0, adopted = 0, policy = 0, can_act = 0, discard = 0, copies = 0;
   int used = 0;
+  r.needed_at = 0;
   const int got = std::sscanf(
       text,
       "%c %" SCNxPTR " %" SCNu64 " %d %" SCNxPTR " %d %d %d %" SCNu64 " %d %d %d%n",
       &op, &r.addr, &r.size, &r.device, &r.stream, &flag, &adopted, &policy,
       &r.limits.budget, &can_act, &discard, &copies, &used);
-  if (got != 12 || static_cast<size_t>(used) != line.size() || policy < 0 ||
-      policy > 1) {
+  if (got != 12 || policy < 0 || policy > 1) {
     return false;
+  }
+  if (static_cast<size_t>(used) != line.size()) {
+    // A bring-in ahead: one more field, its position.
+    int more = 0;
+    if (op != TraceRecord::Touch ||
+        std::sscanf(text + used, " %" SCNu64 "%n", &r.needed_at, &more) != 1 ||
+        static_cast<size_t>(used + more) != line.size() || r.needed_at == 0) {
+      return false;
+    }
   }
   r.op = static_cast<TraceRecord::Op>(op);
   r.flag = flag != 0;
@@ -103,7 +116,7 @@ void replayTrace(Residency& ledger, const TraceRecord& r, std::vector<Action>& o
       break;
     case TraceRecord::Touch:
       ledger.touch(r.addr, r.size, r.device, stream, r.policy, r.limits, out,
-                   r.flag, r.adopted);
+                   r.flag, r.adopted, r.needed_at);
       break;
     case TraceRecord::Forget:
       ledger.forget(r.addr, r.size);

@@ -10,7 +10,8 @@
 // op is TraceRecord::Op's letter, addr and stream are hexadecimal, the rest
 // decimal; policy is 0 for static, 1 for lru. A plan (P) carries its due
 // position in the budget's field, the signal's clock (K) its positions in
-// addr (now) and size (window). A diagnostic for the team, not
+// addr (now) and size (window); a touch ahead of its use (T) has one more
+// field, the position of that use. A diagnostic for the team, not
 // a user setting: a training step of a 1.1 B Llama past its budget wrote
 // about 7 500 lines (0.35 MB), an inference forward about 2 000.
 //

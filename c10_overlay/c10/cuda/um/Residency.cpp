@@ -491,7 +491,8 @@ uint64_t Residency::makeRoom(
     const DeviceLimits& limits,
     uint64_t protect_tick,
     void* stream,
-    std::vector<Action>& out) {
+    std::vector<Action>& out,
+    uint64_t needed_at) {
   ensureOrdered(device); // Note [Orders built on demand]
   DeviceLru& d = lru(device);
   uint64_t freed = 0;
@@ -516,9 +517,11 @@ uint64_t Residency::makeRoom(
     } else if (!p.empty() && p.begin()->first < d.clock.now) {
       addr = p.begin()->second;
       by_plan = true;
-    } else if (!p.empty() && p.rbegin()->first > d.clock.window) {
+    } else if (!p.empty() && p.rbegin()->first > std::max(d.clock.window, needed_at)) {
       addr = p.rbegin()->second;
       by_plan = true;
+    } else if (needed_at != 0) {
+      break; // a bring-in ahead takes nothing needed before it
     } else if (
         usable(d.live) &&
         (d.scan.empty() || d.live.begin()->first < d.scan.begin()->first)) {
@@ -784,11 +787,14 @@ uint64_t Residency::touch(
     const DeviceLimits& limits,
     std::vector<Action>& out,
     bool read_only,
-    bool hold) {
+    bool hold,
+    uint64_t needed_at) {
   if (trace_ != nullptr) {
-    trace_->record(TraceRecord{TraceRecord::Touch, addr, size, device,
-                               reinterpret_cast<uintptr_t>(stream), read_only, hold, policy,
-                               limits});
+    TraceRecord r{TraceRecord::Touch, addr, size, device,
+                  reinterpret_cast<uintptr_t>(stream), read_only, hold, policy,
+                  limits};
+    r.needed_at = needed_at;
+    trace_->record(r);
   }
   Segment* seg = find(addr);
   if (seg == nullptr || size == 0) {
@@ -847,7 +853,7 @@ uint64_t Residency::touch(
     const uint64_t on_device = d.resident();
     if (on_device + need > limits.budget && !streamsInPlace(size, limits)) {
       makeRoom(seg->device, on_device + need - limits.budget, limits, tick_,
-               stream, out);
+               stream, out, needed_at);
     }
   }
   const uint64_t moved = bringIn(*seg, first, last, stream, /*dead_content=*/false,

@@ -103,6 +103,12 @@
 //      fresh outputs not yet read, the first period, another phase);
 //   5. last, from planned chunks inside the window, farthest first: what the
 //      lookahead brought in for its use leaves only when nothing else can.
+// A bring-in ahead is itself a use predicted at a position: it takes room
+// only from steps 1-3, and of step 3 only chunks predicted after it (Belady's
+// condition for a prefetch); what finds no room waits for its operator.
+// Without it the lookahead pushed out what was needed before the ranges it
+// brought in: 8.1 GiB evicted a step of train-plain, against 4.75 without the
+// lookahead and 4.44 that must leave (docs/notes/step-54-learned-eviction.md).
 // A touch without a prediction (the Python layer's, a use off the learned
 // path) takes a chunk out of `planned` again; a block event over it does
 // too. The signal plans a range only after every range of its operator was
@@ -350,6 +356,7 @@ struct TraceRecord {
   bool adopted = false; // AddSegment: adopted; Touch: hold (Note [Held ranges])
   Policy policy = Policy::Lru; // AddSegment, Alloc, Touch
   DeviceLimits limits; // AddSegment, Alloc, Touch, Evict
+  uint64_t needed_at = 0; // Touch: a bring-in ahead, for a use at this position
 };
 // Receives each record before the call acts. Called under the caller's
 // serialisation of the ledger (the engine's lock), in call order.
@@ -446,7 +453,10 @@ class Residency {
   // there, making room under the budget. `read_only`: the use only reads
   // it (Note [Read-only duplicates]). `hold`: keep the chunks that hold only
   // the range's bytes on the device until a block event over them (Note [Held
-  // ranges]; read_only is then ignored). Returns the bytes asked to move.
+  // ranges]; read_only is then ignored). `needed_at`: the use is predicted
+  // at that position, not now (the lookahead): room is made only from data
+  // needed later (makeRoom); what finds none stays where it is until its
+  // operator's touch. Returns the bytes asked to move.
   uint64_t touch(
       uintptr_t addr,
       uint64_t size,
@@ -456,7 +466,8 @@ class Residency {
       const DeviceLimits& limits,
       std::vector<Action>& out,
       bool read_only = false,
-      bool hold = false);
+      bool hold = false,
+      uint64_t needed_at = 0);
   // Note [The learned eviction order]: the live chunks of [addr, addr+size)
   // on their device (not held, not read-only scans) are next used at
   // position `due` (0: no prediction, they go back to the plain order).
@@ -703,14 +714,18 @@ class Residency {
     return size > limits.budget;
   }
   // Frees room for `need` bytes on `device` under `budget`, never taking a
-  // chunk touched at or after `protect_tick`. Returns the bytes freed.
+  // chunk touched at or after `protect_tick`. `needed_at` (0: none): room
+  // for a use predicted at that position, made only from chunks that leave
+  // without a copy, overdue ones and those predicted later (Note [The learned
+  // eviction order]). Returns the bytes freed.
   uint64_t makeRoom(
       int device,
       uint64_t need,
       const DeviceLimits& limits,
       uint64_t protect_tick,
       void* stream,
-      std::vector<Action>& out);
+      std::vector<Action>& out,
+      uint64_t needed_at = 0);
   // Brings chunks [first, last) of seg to the device; `dead_content`: the
   // toucher overwrites them (discard-and-prefetch is safe where no other
   // live bytes share the chunk).
