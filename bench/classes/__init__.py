@@ -23,7 +23,7 @@ Modes:
   um-prev      the previous engine (--prev-pythonpath) at the budget, its own defaults
   um           this engine at the budget, its defaults (the operator use signal on)
   um-nosignal  this engine at the budget with op_signal:False: what the signal adds
-  um-noahead   this engine at the budget with op_lookahead:0: what the lookahead adds
+  um-ahead     this engine at the budget with op_lookahead:1GiB: what the lookahead adds
 
 Every UM worker caps total managed memory at 80 % of the free memory it reads at start
 (bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
@@ -48,13 +48,13 @@ from typing import Any
 from bench import common
 
 CLASSES = ("train-plain", "train-custom-opt", "pattern-change")
-MODES = ("stock", "um-prev", "um", "um-nosignal", "um-noahead")
+MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead")
 PREV = "um-prev"
 UM_CONF = {
     "um-prev": "",
     "um": "",
     "um-nosignal": "op_signal:False",
-    "um-noahead": "op_lookahead:0",
+    "um-ahead": "op_lookahead:1GiB",
 }
 LAYERS = 24
 WIDTH = 8192
@@ -365,7 +365,7 @@ def main() -> int:
         PREV: args.prev_pythonpath,
         "um": args.um_pythonpath,
         "um-nosignal": args.um_pythonpath,
-        "um-noahead": args.um_pythonpath,
+        "um-ahead": args.um_pythonpath,
     }
     worker_args = [args.klass, "--steps", str(args.steps), "--budget", args.budget]
     cases = [(m, worker_args) for m in ("link", *modes)]

@@ -130,7 +130,7 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         pageable_copy_cpu=True,
         pin_in_place=False,
         op_signal=True,
-        op_lookahead="1GiB",
+        op_lookahead=0,
     )
     torch.cuda.set_per_process_memory_fraction(1.0)
 

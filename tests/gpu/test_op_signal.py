@@ -40,8 +40,9 @@ def _plain_losses(steps: int, pause: float = 0.0) -> list[float]:
     return losses
 
 
+@pytest.mark.parametrize("lookahead", ["0", "64MiB"])
 def test_plain_tensors_past_the_budget_are_bit_exact_with_the_signal(
-    torch_mod: Any, um: Any, limits: Limits
+    torch_mod: Any, um: Any, limits: Limits, lookahead: str
 ) -> None:
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     release_cache(torch)
@@ -52,22 +53,32 @@ def test_plain_tensors_past_the_budget_are_bit_exact_with_the_signal(
     # Everything fits: the observer is never installed.
     assert fits["um.op_signal_installs"] == before["um.op_signal_installs"]
     release_cache(torch)
-    um.configure(device_budget=BUDGET, policy="lru", discard=True, op_signal=True)
+    um.configure(
+        device_budget=BUDGET, policy="lru", discard=True, op_signal=True, op_lookahead=lookahead
+    )
     under = _plain_losses(5, pause=0.5)
     after = um.stats()
     calls = after["um.op_calls"] - fits["um.op_calls"]
     brought = after["um.op_touch_bytes"] - fits["um.op_touch_bytes"]
     ahead = after["um.op_ahead_bytes"] - fits["um.op_ahead_bytes"]
     matches = after["um.op_matches"] - fits["um.op_matches"]
+    planned = after["um.plan_bytes"] - fits["um.plan_bytes"]
+    by_plan = after["um.plan_victim_bytes"] - fits["um.plan_victim_bytes"]
     print(
         f"[um] plain losses in memory {in_memory}\n[um] under the budget {under}\n"
         f"[um] op signal: {calls} operators, {brought / MiB:.0f} MiB brought before them, "
-        f"{ahead / MiB:.0f} MiB ahead, {matches} matches, "
+        f"{ahead / MiB:.0f} MiB ahead, {matches} matches, {planned / MiB:.0f} MiB planned, "
+        f"{by_plan / MiB:.0f} MiB left by the learned order, "
         f"{(after['um.op_signal_ns'] - fits['um.op_signal_ns']) / 1e6:.1f} ms host time"
     )
     assert after["um.op_signal_installs"] > fits["um.op_signal_installs"]
     assert calls > 0 and matches > 0
     assert brought + ahead > 0
+    # Note [The learned eviction order]: from the second step the uses are filed under
+    # their predicted next use, and room past the budget is made by that order.
+    assert planned > 0 and by_plan > 0
+    if lookahead == "0":
+        assert ahead == 0
     assert under == in_memory
 
 

@@ -39,7 +39,7 @@ RESIDENCY = {
     "discard": "True",
     "hooks": "True",
     "op_signal": "True",
-    "op_lookahead": str(1 << 30),
+    "op_lookahead": "0",
     "predict": "True",
     "predict_lookahead": str(1 << 30),
     "predict_copy_sms": "auto",

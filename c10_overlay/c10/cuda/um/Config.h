@@ -53,12 +53,16 @@ struct Config {
   bool predict = true;
   uint64_t predict_lookahead = 1ull << 30;
   // While a device is near its budget, every ATen operator's managed inputs
-  // are brought to the device before its kernels run, and the storages the
-  // learned order of use predicts next are brought in ahead of them, at most
-  // op_lookahead bytes in flight (and an eighth of the budget): Notes
-  // [Operator use signals] (OpSignal.h) and [Learned lookahead] (Lookahead.h).
+  // are brought to the device before its kernels run, and room is made by
+  // the learned order of use; with op_lookahead > 0 the storages it predicts
+  // next are also brought in ahead, at most op_lookahead bytes in flight (and
+  // an eighth of the budget): Notes [Operator use signals] (OpSignal.h),
+  // [Learned lookahead] (Lookahead.h), [The learned eviction order]
+  // (Residency.h). Off by default: while evictions migrate at 8-10 GB/s the
+  // lookahead's bring-ins cost more evictions than they hide (train-plain
+  // 0.55-0.68 s a step without it, 0.93-1.50 with 1 GiB; step 54).
   bool op_signal = true;
-  uint64_t op_lookahead = 1ull << 30;
+  uint64_t op_lookahead = 0;
   // The most SMs the weight streamer's copies (Note [Weight streaming]) hold:
   // a copy kernel holds its SMs while it waits on the link, and the forward's
   // kernels beside it keep the rest. With foreach, the copies run on a stream
