@@ -261,6 +261,31 @@ def main(argv: list[str] | None = None) -> int:
             cuda.prefetch(b, n, DEVICE)
 
     row("ReadMostly: 4 x (unset, set, duplicate), per GB moved", cycle, scale=4)
+
+    # Eviction by duplicate: data written on the GPU (device pages only, advised as the
+    # engine advises every segment) leaves by ReadMostly + prefetch to the CPU (a host
+    # copy, the GPU's stays valid) + unset (the GPU copy dropped, preferred location
+    # host). Coherent at every step: a write in between collapses the copies.
+    cuda.advise(a, n, PREFERRED, HOST)
+    cuda.advise(a, n, ACCESSED_BY, DEVICE)
+    for round_ in ("fresh host pages", "host pages populated before"):
+        on_gpu(a, 5)
+        row(f"evict by duplicate, {round_}: set ReadMostly", lambda: cuda.advise(a, n, READ_MOSTLY))
+        row(f"evict by duplicate, {round_}: prefetch to CPU", lambda: cuda.prefetch(a, n, HOST))
+        row(
+            f"evict by duplicate, {round_}: unset (drop GPU copy)",
+            lambda: cuda.advise(a, n, UNSET_READ_MOSTLY),
+        )
+
+    def by_duplicate() -> None:
+        cuda.advise(a, n, READ_MOSTLY)
+        cuda.prefetch(a, n, HOST)
+        cuda.advise(a, n, UNSET_READ_MOSTLY)
+
+    on_gpu(a, 7)
+    row("evict by duplicate, the three steps as one", by_duplicate)
+    on_gpu(a, 1)
+    row("evict by prefetch to CPU, same range, for comparison", evict(1, a))
     free_after = cuda.free_bytes()
 
     check = (ctypes.c_ubyte * 4096)()
