@@ -1,0 +1,263 @@
+"""Can data leave the GPU at the link's speed and stay readable at its address? (step 54)
+
+Eviction by ``cudaMemPrefetchAsync`` to the CPU runs at 9-14 GB/s, and a ReadMostly host
+duplicate is no faster (docs/notes/step-54-learned-eviction.md); copies by the GPU run at
+about 52 GB/s but leave a managed range's own pages without the data. With the CUDA driver's
+virtual memory management the address and the memory behind it are separate: a chunk can be
+copied into host-located physical memory (``cuMemCreate`` with a host location) by the copy
+engine, and that memory then mapped at the chunk's own address in place of the device
+memory, so that a kernel the engine did not foresee still reads the right bytes, over the
+link. This probe measures, for RANGE bytes in 2 MiB granules, without the engine:
+
+- the copy device -> host-located memory by the copy engine (``cuMemcpyAsync``) and by
+  kernels (a tensor copy), in GB/s;
+- the remap of each granule (unmap the device memory, map the host memory, set access), in
+  microseconds a granule;
+- that a kernel reading the address afterwards sees the data (a sum), and how fast it reads
+  in place;
+- the way back (copy to device memory mapped elsewhere, remap).
+
+Run on the GPU host (the stock torch finds the CUDA libraries and launches the kernels):
+
+    python3 bench/probes/vmm_remap_probe.py [MiB] [--json FILE]
+
+It allocates MiB (default 1024) of device memory and as much host-located memory, plus a
+temporary of MiB, and refuses to run if three times MiB is more than 80 % of the free GPU
+memory. No managed memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+MiB = 1 << 20
+GRANULE = 2 * MiB
+LOC_DEVICE, LOC_HOST, LOC_HOST_NUMA = 1, 2, 3  # CUmemLocationType
+ALLOC_PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
+ACCESS_RW = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+
+
+class Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class AllocFlags(ctypes.Structure):
+    _fields_ = [
+        ("compressionType", ctypes.c_ubyte),
+        ("gpuDirectRDMACapable", ctypes.c_ubyte),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 4),
+    ]
+
+
+class AllocationProp(ctypes.Structure):
+    """``CUmemAllocationProp``."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("requestedHandleTypes", ctypes.c_int),
+        ("location", Location),
+        ("win32HandleMetaData", ctypes.c_void_p),
+        ("allocFlags", AllocFlags),
+    ]
+
+
+class AccessDesc(ctypes.Structure):
+    """``CUmemAccessDesc``."""
+
+    _fields_ = [("location", Location), ("flags", ctypes.c_int)]
+
+
+class Driver:
+    """The driver calls the probe needs, each checked."""
+
+    def __init__(self, device: int) -> None:
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        self.device = device
+        u64, size = ctypes.c_uint64, ctypes.c_size_t
+        self.cu.cuMemCreate.argtypes = [
+            ctypes.POINTER(u64),
+            size,
+            ctypes.POINTER(AllocationProp),
+            u64,
+        ]
+        self.cu.cuMemAddressReserve.argtypes = [ctypes.POINTER(u64), size, size, u64, u64]
+        self.cu.cuMemMap.argtypes = [u64, size, size, u64, u64]
+        self.cu.cuMemUnmap.argtypes = [u64, size]
+        self.cu.cuMemSetAccess.argtypes = [u64, size, ctypes.POINTER(AccessDesc), size]
+        self.cu.cuMemRelease.argtypes = [u64]
+        self.cu.cuMemAddressFree.argtypes = [u64, size]
+        self.cu.cuMemcpyAsync.argtypes = [u64, u64, size, ctypes.c_void_p]
+        self.cu.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+
+    def check(self, err: int, what: str) -> None:
+        if err != 0:
+            text = ctypes.c_char_p()
+            self.cu.cuGetErrorString(err, ctypes.byref(text))
+            raise RuntimeError(f"{what}: {(text.value or b'?').decode()} ({err})")
+
+    def prop(self, host: int) -> AllocationProp:
+        """Device memory (host 0), or host-located memory by CU_MEM_LOCATION_TYPE_HOST (1)
+        or HOST_NUMA node 0 (2)."""
+        p = AllocationProp()
+        p.type = ALLOC_PINNED
+        p.location = (
+            Location(LOC_DEVICE, self.device)
+            if host == 0
+            else Location(LOC_HOST if host == 1 else LOC_HOST_NUMA, 0)
+        )
+        return p
+
+    def create(self, prop: AllocationProp) -> int:
+        h = ctypes.c_uint64()
+        self.check(
+            self.cu.cuMemCreate(ctypes.byref(h), GRANULE, ctypes.byref(prop), 0), "cuMemCreate"
+        )
+        return h.value
+
+    def reserve(self, nbytes: int) -> int:
+        p = ctypes.c_uint64()
+        self.check(
+            self.cu.cuMemAddressReserve(ctypes.byref(p), nbytes, GRANULE, 0, 0),
+            "cuMemAddressReserve",
+        )
+        return p.value
+
+    def map(self, va: int, handle: int) -> None:
+        self.check(self.cu.cuMemMap(va, GRANULE, 0, handle, 0), "cuMemMap")
+        desc = AccessDesc(Location(LOC_DEVICE, self.device), ACCESS_RW)
+        self.check(self.cu.cuMemSetAccess(va, GRANULE, ctypes.byref(desc), 1), "cuMemSetAccess")
+
+    def unmap(self, va: int) -> None:
+        self.check(self.cu.cuMemUnmap(va, GRANULE), "cuMemUnmap")
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        self.check(
+            self.cu.cuMemcpyAsync(dst, src, nbytes, ctypes.c_void_p(stream)), "cuMemcpyAsync"
+        )
+
+
+class View:
+    """A float32 tensor over raw device-visible memory (``__cuda_array_interface__``)."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes // 4,),
+            "typestr": "<f4",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mib", nargs="?", type=int, default=1024)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    import torch
+
+    n = args.mib * MiB - (args.mib * MiB) % GRANULE
+    free, _total = torch.cuda.mem_get_info()
+    if 3 * n > 0.8 * free:  # the device memory, the way back's, and one temporary
+        raise SystemExit(f"{3 * n / MiB:.0f} MiB of device memory is more than 80 % of free")
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the primary context, current on this thread
+    cu = Driver(torch.cuda.current_device())
+    stream = torch.cuda.current_stream().cuda_stream
+    chunks = n // GRANULE
+    rows: dict[str, Any] = {"bytes": n}
+
+    def timed(fn: Callable[[], object]) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    host_kind = 0
+    for kind in (1, 2):
+        try:
+            cu.cu.cuMemRelease(cu.create(cu.prop(kind)))
+            host_kind = kind
+            break
+        except RuntimeError as e:
+            rows[f"host location {kind}"] = str(e)
+    if host_kind == 0:
+        print(json.dumps(rows, indent=1))
+        print("no host-located physical memory on this driver")
+        return 1
+    rows["host location"] = "HOST" if host_kind == 1 else "HOST_NUMA 0"
+    t0 = time.perf_counter()
+    dev = [cu.create(cu.prop(0)) for _ in range(chunks)]
+    host = [cu.create(cu.prop(host_kind)) for _ in range(chunks)]
+    rows["create us a granule (device and host)"] = (time.perf_counter() - t0) / (2 * chunks) * 1e6
+    va, host_va, back_va = cu.reserve(n), cu.reserve(n), cu.reserve(n)
+    try:
+        for i in range(chunks):
+            cu.map(va + i * GRANULE, dev[i])
+            cu.map(host_va + i * GRANULE, host[i])
+        data = torch.as_tensor(View(va, n), device="cuda")
+        data.copy_(torch.arange(data.numel(), device="cuda", dtype=torch.float32).remainder_(977))
+        expect = float(data.sum(dtype=torch.float64))
+        shadow = torch.as_tensor(View(host_va, n), device="cuda")
+        rows["copy engine device -> host-located GB/s"] = (
+            n / timed(lambda: cu.copy(host_va, va, n, stream)) / 1e9
+        )
+        rows["kernel copy device -> host-located GB/s"] = (
+            n / timed(lambda: shadow.copy_(data)) / 1e9
+        )
+
+        def remap_to_host() -> None:
+            for i in range(chunks):
+                cu.unmap(va + i * GRANULE)
+                cu.map(va + i * GRANULE, host[i])
+
+        rows["remap to host us a granule"] = timed(remap_to_host) / chunks * 1e6
+        got = float(data.sum(dtype=torch.float64))
+        rows["a kernel reads the remapped address right"] = got == expect
+        rows["kernel read in place GB/s"] = n / timed(lambda: data.sum()) / 1e9
+        # The way back: device memory mapped at a third address, copied, remapped.
+        for i in range(chunks):
+            cu.map(back_va + i * GRANULE, dev[i])
+        rows["copy engine host-located -> device GB/s"] = (
+            n / timed(lambda: cu.copy(back_va, va, n, stream)) / 1e9
+        )
+
+        def remap_to_device() -> None:
+            for i in range(chunks):
+                cu.unmap(va + i * GRANULE)
+                cu.map(va + i * GRANULE, dev[i])
+
+        rows["remap to device us a granule"] = timed(remap_to_device) / chunks * 1e6
+        rows["a kernel reads the address right after the way back"] = (
+            float(data.sum(dtype=torch.float64)) == expect
+        )
+        torch.cuda.synchronize()
+    finally:
+        for base in (va, host_va, back_va):
+            for i in range(chunks):
+                cu.cu.cuMemUnmap(base + i * GRANULE, GRANULE)  # unmapped ones fail: fine
+            cu.cu.cuMemAddressFree(base, n)
+        for h in (*dev, *host):
+            cu.cu.cuMemRelease(h)
+    for k, v in rows.items():
+        print(f"{k:52s} {v:.1f}" if isinstance(v, float) else f"{k:52s} {v}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    ok = (
+        rows["a kernel reads the remapped address right"]
+        and rows["a kernel reads the address right after the way back"]
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
