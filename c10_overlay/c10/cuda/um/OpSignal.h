@@ -14,13 +14,15 @@
 // arguments on the thread that queues its kernels, before they are queued:
 //   1. each CUDA tensor argument's storage (and those in tensor lists) is
 //      touched on the operator's device and current stream: its pages in host
-//      RAM are brought in before the kernel, the least recently used leaving
-//      to make room (Residency::touch; ranges larger than the budget stream
-//      in place, Note [Ranges larger than the budget]);
-//   2. the storages are recorded in the device's learned order of use, and
-//      those predicted to come next are touched on a stream of the signal's
-//      own, ahead of their operators, up to the lookahead (Note [Learned
-//      lookahead], Lookahead.h; setting op_lookahead).
+//      RAM are brought in before the kernel (Residency::touch; ranges larger
+//      than the budget stream in place, Note [Ranges larger than the
+//      budget]), and filed under its predicted next use, by which room is
+//      made (Notes [Predicted next use], Lookahead.h, and [The learned
+//      eviction order], Residency.h);
+//   2. the storages are recorded in the device's learned order of use, and,
+//      with the setting op_lookahead (off by default), those predicted to
+//      come next are touched on a stream of the signal's own, ahead of their
+//      operators (Note [Learned lookahead], Lookahead.h).
 // Memory that is not an engine segment is ignored by the engine's lookup.
 //
 // Cost and when it is on: an observer that needs inputs makes the dispatcher
