@@ -41,17 +41,17 @@
 // shift is the distance between the last match and the position it matched
 // (one period of the loop). The uses of a range r in the history after that
 // point are its uses in the last period from "now" on; the first of them, g,
-// predicts r's next use at g + shift. A range used once a period (a weight in a plain
-// scan, the optimizer state) is predicted one period ahead, a saved
-// activation at its use in the backward, a weight of the forward at its use
-// in the backward, and so on, with no notion of what the data is. Each use
-// links to the range's use before it (prev_), so the search walks back from
-// r's last use, at most kWalk uses: a range used that often a period is hot,
-// predicted at the spacing of its last two uses. A prediction is renewed at
-// every use: an op and the op it dispatches to (a local repeat) predict
-// each other, and the second predicts the next real use. Off a path (no match for
-// max_steps positions: a new pattern, the first period) nothing is
-// predicted, and the caller's plain order decides.
+// predicts r's next use at g + shift. A range used once a period (a weight
+// in a plain scan, the optimizer state) is predicted one period ahead, a
+// saved activation at its use in the backward, a weight of the forward at
+// its use in the backward, and so on, with no notion of what the data is.
+// Each use links to the range's use before it (prev_), so the search walks
+// back from r's last use, at most kWalk uses: a range used that often a
+// period is hot, predicted at the spacing of its last two uses. A prediction
+// is renewed at every use: an op and the op it dispatches to (a local
+// repeat) predict each other, and the second predicts the next real use. Off
+// a path (no match for max_steps positions: a new pattern, the first period)
+// nothing is predicted, and the caller's plain order decides.
 //
 // Pure C++ (no CUDA): tested on the CPU in tests/engine/lookahead_test.cpp.
 // Not thread-safe: the caller serialises use() per device.
@@ -64,6 +64,15 @@
 #include <vector>
 
 namespace c10::cuda::um {
+
+// Positions of the learned order, for an order by predicted use (Note [The
+// learned eviction order], Residency.h): `now` is the next position to be
+// recorded; `window` the predicted position of the last range handed out
+// ahead (0 off a path). A prediction earlier than `now` was missed.
+struct PlanClock {
+  uint64_t now = 0;
+  uint64_t window = 0;
+};
 
 class Lookahead {
  public:
@@ -116,15 +125,9 @@ class Lookahead {
   // Note [Predicted next use]: the position at which r, used now (before
   // use() records it), is predicted to be used next; 0 off a path.
   uint64_t due(const Range& r) const;
-  // Positions, for an order by predicted use: `now` is the next position to
-  // be recorded; `window` the predicted position of the last range handed
-  // out ahead (0 off a path). A prediction earlier than `now` was missed.
-  struct Clock {
-    uint64_t now = 0;
-    uint64_t window = 0;
-  };
-  Clock clock() const {
-    return Clock{pos_, onPath() ? cursor_ + shift_ : 0};
+  // The positions now (PlanClock).
+  PlanClock clock() const {
+    return PlanClock{pos_, onPath() ? cursor_ + shift_ : 0};
   }
 
   struct Counters {

@@ -190,28 +190,39 @@ OpSignal::Device& OpSignal::deviceState(int index) {
   return *d;
 }
 
+namespace {
+
+// Runs make() (a CUDA call that creates something) with `index` as the
+// current device, then restores the caller's. False, with the error cleared,
+// where the device cannot be made current or make() fails.
+template <class Make>
+bool onDevice(int index, Make&& make) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess ||
+      (current != index && cudaSetDevice(index) != cudaSuccess)) {
+    cudaGetLastError();
+    return false;
+  }
+  const cudaError_t e = make();
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+  }
+  if (current != index) {
+    cudaSetDevice(current);
+  }
+  return e == cudaSuccess;
+}
+
+} // namespace
+
 void* OpSignal::aheadStream(int index, Device& d) {
   // Requires d.mu. A stream of the signal's own, so that bringing in the
   // next operators' data never queues in front of this operator's kernels.
   if (d.ahead_stream == nullptr) {
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
     cudaStream_t s = nullptr;
-    if (current != index && cudaSetDevice(index) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
+    if (onDevice(index, [&] { return cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); })) {
+      d.ahead_stream = s;
     }
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-      cudaGetLastError();
-      s = nullptr;
-    }
-    if (current != index) {
-      cudaSetDevice(current);
-    }
-    d.ahead_stream = s;
   }
   return d.ahead_stream;
 }
@@ -221,11 +232,12 @@ void* OpSignal::aheadStream(int index, Device& d) {
 // The lookahead brings ranges in on a stream of its own, so that its moves
 // never queue in front of the program's kernels. The ledger marks such a
 // range as on the device at once, and the operator that then uses it finds
-// nothing to move: nothing ordered its kernels after the bring-in. A kernel
-// that ran before the bring-in finished faulted the pages it read while the
-// prefetch migrated them: train-plain's steps moved the same bytes, counter
-// for counter, in 0.26 s or in 0.9 s (bench/results, 2026-11-29, step 54).
-// So each bring-in ahead that moved bytes records an event on the stream
+// nothing to move: nothing ordered its kernels after the bring-in, so a
+// kernel could run while the prefetch still migrated its pages, and fault
+// them in at the faults' speed (design notes, section 8: 15 GB/s against 50).
+// The wait is for that ordering; it was not what made train-plain's steps
+// take 0.26 s or 0.9 s with the same moves (that stayed with the wait in
+// place, docs/notes/step-54-learned-eviction.md). So each bring-in ahead that moved bytes records an event on the stream
 // after it, and the first operator to use the range makes its own stream wait
 // for that event (a wait on the GPU, not on the host). Ranges handed out and
 // never used keep their events until the table is full, then all are reused.
@@ -235,26 +247,10 @@ void OpSignal::markArriving(int index, Device& d, uintptr_t addr, void* side) {
   if (!d.spare_events.empty()) {
     ev = static_cast<cudaEvent_t>(d.spare_events.back());
     d.spare_events.pop_back();
-  } else {
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
-    if (current != index && cudaSetDevice(index) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
-    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
-      cudaGetLastError();
-      ev = nullptr;
-    }
-    if (current != index) {
-      cudaSetDevice(current);
-    }
-    if (ev == nullptr) {
-      return;
-    }
+  } else if (!onDevice(index, [&] {
+               return cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+             })) {
+    return;
   }
   if (cudaEventRecord(ev, static_cast<cudaStream_t>(side)) != cudaSuccess) {
     cudaGetLastError();
@@ -314,10 +310,9 @@ void OpSignal::observe(
   for (size_t i = 0; i < n; ++i) {
     dues[i] = d.order.due(ranges[i]);
   }
-  const Lookahead::Clock clock = d.order.clock();
   uint64_t moved = 0;
   if (engine.touchOp(ranges, dues, n, device, static_cast<cudaStream_t>(stream),
-                     PlanClock{clock.now, clock.window}, &moved)) {
+                     d.order.clock(), &moved)) {
     ops_.fetch_add(1, std::memory_order_relaxed);
     if (moved > 0) {
       touch_bytes_.fetch_add(moved, std::memory_order_relaxed);

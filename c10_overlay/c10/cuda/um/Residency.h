@@ -209,6 +209,8 @@
 // Thread safety: none. The caller (Engine) serialises every call.
 #pragma once
 
+#include <c10/cuda/um/Lookahead.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -319,13 +321,6 @@ struct DeviceLimits {
   bool read_copies = false;
 };
 
-// The signal's positions for the order by predicted use (Note [The learned
-// eviction order]): `now` the present, `window` the predicted position of
-// the last range brought in ahead.
-struct PlanClock {
-  uint64_t now = 0;
-  uint64_t window = 0;
-};
 
 // Note [Ledger traces]
 // ~~~~~~~~~~~~~~~~~~~~
