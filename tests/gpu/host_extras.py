@@ -8,7 +8,8 @@ parts in ``--ship`` (tests/gpu/ship.py), unpacks each extra under ``--work`` (a 
 that replaces one of the host's ``nvidia/`` tree, or a Python package), and prints the shell
 assignments tests/gpu/run_version_on_device.sh evaluates: ``TORCH_WHEEL``, ``NVIDIA_LIBS``
 (``REL=PATH`` words for stage_torch.py ``--lib``) and ``EXTRA_PYTHONPATH`` (empty without
-packages). Standard library only.
+packages). An entry with ``"hide": true`` names a package of the host built for another torch
+that must look absent: a ``sitecustomize.py`` on ``EXTRA_PYTHONPATH`` hides it. Standard library only.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ def prepare(version: str, bundle: Path, ship: Path, work: Path, extras: Path = E
     libs: list[str] = []
     pkgs = work / "pkgs"
     has_pkgs = False
+    hidden: list[str] = []
     for e in json.loads(extras.read_text()).get(version, []):
+        if e.get("hide"):
+            hidden.append(e["package"])
+            continue
         got = join(ship / f"{e['filename']}.parts.json", work, e["sha256"])
         if "lib" in e:
             target = work / "lib" / e["lib"]
@@ -50,7 +55,25 @@ def prepare(version: str, bundle: Path, ship: Path, work: Path, extras: Path = E
         else:
             unzip(got, pkgs)
             has_pkgs = True
+    if hidden:
+        pkgs.mkdir(parents=True, exist_ok=True)
+        (pkgs / "sitecustomize.py").write_text(hide_source(hidden))
+        has_pkgs = True
     return Ready(wheel, libs, pkgs if has_pkgs else None)
+
+
+def hide_source(packages: list[str]) -> str:
+    """A ``sitecustomize`` that makes ``packages`` absent: ``import`` raises
+    ModuleNotFoundError and ``importlib.util.find_spec`` gives None (a ``None`` entry of
+    ``sys.modules``), so libraries that probe for them (transformers for torchaudio) take
+    their path without them."""
+    names = ", ".join(repr(p) for p in packages)
+    return (
+        '"""Written by tests/gpu/host_extras.py: packages of the host built for another torch."""\n'
+        "import sys\n\n"
+        f"for _name in ({names},):\n"
+        "    sys.modules[_name] = None  # type: ignore[assignment]\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,6 +150,13 @@ def stage(
         shutil.rmtree(dest)
     _mirror(torch_dir, dest / "torch", overrides)
     _nvidia(installed.parent, dest, libs or {})
+    if wheel is not None:
+        # The wheel's other top-level entries shadow the host's: torchgen and functorch
+        # (torch 2.15 imports torchgen modules 2.11's lacks) and its dist-info (2.15 finds
+        # its c10d backends, nccl among them, by entry points; importlib.metadata's version).
+        for entry in sorted(site.iterdir()):
+            if entry.is_dir() and entry.name not in ("torch", "nvidia"):
+                (dest / entry.name).symlink_to(entry)
     label = f"torch {want}+um" if bundle else "stock torch"
     print(f"stage_torch: {torch_dir} staged as {label} at {dest / 'torch'}")
     for rel, path in files.items():

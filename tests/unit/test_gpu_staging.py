@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -66,6 +68,8 @@ def _fake_wheel(path: Path, init: bytes) -> bytes:
         zf.writestr("torch/version.py", "__version__ = '9.9.9+cu130'\ngit_version = 'abc123'\n")
         zf.writestr("torch/__init__.py", init)
         zf.writestr("torch/lib/libc10.so", b"\x7fELF c10")
+        zf.writestr("torchgen/__init__.py", "")
+        zf.writestr("torch-9.9.9.dist-info/entry_points.txt", "[torch.distributed.backends]\n")
     return path.read_bytes()
 
 
@@ -103,6 +107,10 @@ def test_stage_from_a_wheel_with_a_newer_library(
     assert (um / "torch" / "__init__.py").read_bytes() == b"# patched\n"
     assert (um / "torch" / "lib" / "libtorch_um.so").read_bytes() == b"\x7fELF um"
     assert (um / "torch" / "lib" / "libc10.so").is_symlink()  # from the unpacked wheel
+    # the wheel's other packages and its metadata (entry points) shadow the host's
+    assert (um / "torchgen" / "__init__.py").is_file()
+    assert (um / "torch-9.9.9.dist-info" / "entry_points.txt").is_file()
+    assert not (um / ".complete").exists()
     assert (um / "nvidia" / "nccl" / "lib" / "libnccl.so.2").read_bytes() == b"new nccl"
     assert (um / "nvidia" / "cu13" / "lib" / "libcudart.so.13").resolve() == (
         tmp_path / "site" / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
@@ -156,6 +164,7 @@ def test_host_extras_joins_and_unpacks_a_library_and_a_package(tmp_path: Path) -
     entries = [
         {"filename": nccl.name, "sha256": _sha(nccl.read_bytes()), **lib},
         {"filename": vision.name, "sha256": _sha(vision.read_bytes())},
+        {"package": "oldaudio", "hide": True, "why": "built for another torch"},
     ]
     extras.write_text(json.dumps({"9.9.9": entries}))
 
@@ -165,6 +174,17 @@ def test_host_extras_joins_and_unpacks_a_library_and_a_package(tmp_path: Path) -
     assert (work / "lib/nccl/lib/libnccl.so.2").read_bytes() == b"new nccl"
     assert ready.pythonpath == work / "pkgs"
     assert (work / "pkgs/vision/_C.so").stat().st_mode & 0o111  # executable again
+    # the hidden package: absent to import and to find_spec, in a fresh interpreter
+    (tmp_path / "oldaudio").mkdir()
+    (tmp_path / "oldaudio" / "__init__.py").write_text("raise RuntimeError('other torch')\n")
+    probe = (
+        "import importlib.util, sys\n"
+        "assert importlib.util.find_spec('oldaudio') is None\n"
+        "try:\n    import oldaudio\nexcept ModuleNotFoundError:\n    print('hidden')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{work / 'pkgs'}{os.pathsep}{tmp_path}"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "hidden", out.stderr
     extras.write_text(json.dumps({"9.9.9": [{**entries[0], "sha256": "0" * 64}]}))
     with pytest.raises(ship.ShipError, match="these are parts of another file"):
         host_extras.prepare("9.9.9", bundle, ship_dir, work, extras)

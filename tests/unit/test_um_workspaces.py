@@ -64,7 +64,7 @@ class FakeCublas:
     def both(self, key: Key) -> list[tuple[int, int, int]]:
         return sorted([(*self.workspaces[key], 0), (*self.lt_workspaces[key], 0)])
 
-    def finder(self, budget: int = 8 << 30, max_clears: int = 4) -> Any:
+    def finder(self, budget: int = 8 << 30, max_clears: int = 4, persistent: bool = True) -> Any:
         return ws.Workspaces(
             key=lambda: self.key if self.cuda_ready else None,
             blocks=lambda device: set(self.blocks),
@@ -74,6 +74,7 @@ class FakeCublas:
             capturing=lambda: self.capturing,
             budget=lambda: budget,
             max_clears=max_clears,
+            persistent=persistent,
         )
 
 
@@ -83,7 +84,8 @@ def test_a_workspace_not_made_yet_is_found_without_a_clear_and_held_once() -> No
     f.ensure()
     assert sorted(cu.held) == cu.both(cu.key)
     assert f.counters() == {"workspaces_held": 1, "workspace_held_bytes": 33 * MiB,
-                            "workspace_clears": 0, "workspaces_left_alone": 0}
+                            "workspace_clears": 0, "workspaces_left_alone": 0,
+                            "workspaces_per_call": 0}
     gemms = cu.gemms
     f.ensure()  # found: a lookup, no GEMM, no second hold
     assert cu.gemms == gemms and len(cu.held) == 2
@@ -128,7 +130,8 @@ def test_a_clear_for_one_pair_makes_the_others_found_again() -> None:
     cu.key = forward
     f.ensure()  # its next hook, before its next GEMM: found again without a clear
     assert f.counters() == {"workspaces_held": 2, "workspace_held_bytes": 66 * MiB,
-                            "workspace_clears": 1, "workspaces_left_alone": 0}
+                            "workspace_clears": 1, "workspaces_left_alone": 0,
+                            "workspaces_per_call": 0}
     assert sorted(cu.held[-4:]) == sorted(cu.both((2, 0, 7)) + cu.both(forward))
 
 
@@ -189,3 +192,17 @@ def test_nothing_before_cuda_is_initialised() -> None:
     f = cu.finder()
     f.ensure()
     assert cu.gemms == 0 and cu.held == [] and f.counters()["workspaces_held"] == 0
+
+
+def test_torch_2_15_keeps_no_workspace_unless_told_and_the_finder_stands_aside() -> None:
+    assert ws.persistent((2, 14), {})
+    assert not ws.persistent((2, 15), {})
+    assert not ws.persistent((3, 0), {"TORCH_CUBLAS_WORKSPACE_CACHE": "0"})
+    assert ws.persistent((2, 15), {"TORCH_CUBLAS_WORKSPACE_CACHE": "1"})
+    assert ws.persistent((2, 16), {"TORCH_CUBLAS_WORKSPACE_CACHE": "True"})
+    cu = FakeCublas()
+    f = cu.finder(persistent=False)
+    f.ensure()
+    assert cu.gemms == 0 and cu.held == []  # no probe GEMM, no clear, nothing held
+    assert f.counters()["workspaces_per_call"] == 1
+    assert f.counters()["workspace_clears"] == 0

@@ -110,12 +110,29 @@ def few_sm_stream(device: int, role: str, sms: int) -> tuple[torch.cuda.Stream, 
     return side_stream(device, role), 0
 
 
+def green_supported() -> bool:
+    """Whether this torch can make green contexts: up to 2.13 its build says so
+    (``green_contexts.SUPPORTED``); from 2.14 they go through the ``cuda.bindings``
+    package, which must be installed (``_HAS_CUDA_BINDINGS``). The driver may still refuse."""
+    try:
+        from torch.cuda import green_contexts
+    except ImportError:
+        return False
+    if hasattr(green_contexts, "SUPPORTED"):
+        return bool(green_contexts.SUPPORTED)
+    return bool(getattr(green_contexts, "_HAS_CUDA_BINDINGS", False))
+
+
 def _make_green(device: int, sms: int) -> tuple[object, torch.cuda.Stream]:
     from torch.cuda import green_contexts
 
-    if not getattr(green_contexts, "SUPPORTED", False):
-        raise RuntimeError("this torch was built without CUDA green contexts")
-    ctx = green_contexts.GreenContext.create(sms, device)
+    if not green_supported():
+        raise RuntimeError(
+            "this torch has no CUDA green contexts (built without them, or, from 2.14, "
+            "the cuda.bindings package is not installed)"
+        )
+    # Keywords: 2.11 takes (num_sms, device_id), 2.14 and later only keywords.
+    ctx = green_contexts.GreenContext.create(num_sms=sms, device_id=device)
     s = ctx.Stream()
     if not isinstance(s, torch.cuda.Stream):
         s = torch.cuda.Stream(

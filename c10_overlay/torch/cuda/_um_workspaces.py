@@ -37,6 +37,14 @@ from what everything else may use: under a 256 MiB budget the GPU suite's optimi
 staging found no room once a quarter was allowed. The cost after a pair is found is one
 dict lookup per hook.
 
+From torch 2.15 no workspace lasts: each GEMM takes one from the caching allocator for
+that call and frees it when the call is queued (cuBLAS's of ``getChosenWorkspaceSize()``,
+cuBLASLt's of its own size), unless the process starts with
+``TORCH_CUBLAS_WORKSPACE_CACHE=1``, which brings the per-pair cache back. A per-call
+workspace is an ordinary block, reused by the next GEMM and touched by it like any other,
+so there is nothing to hold: ``persistent`` says which case a process is in, and without a
+lasting workspace the finder does nothing (no probe GEMMs, no clears).
+
 Thread safety: ``ensure`` runs on the thread whose workspace it finds (the forward's,
 autograd's for the backward); the found pairs are behind a lock.
 """
@@ -51,6 +59,15 @@ MiB = 1 << 20
 MIN_WORKSPACE = MiB  # the matrices of the probe live in the allocator's small pool
 
 Block = tuple[int, int]  # (address, size)
+
+
+def persistent(version: tuple[int, int], env: dict[str, str]) -> bool:
+    """Whether torch ``version`` (major, minor) keeps each (handle, stream) pair's workspace
+    for the run: always before 2.15; from 2.15 only with TORCH_CUBLAS_WORKSPACE_CACHE set
+    true when the process started."""
+    if version < (2, 15):
+        return True
+    return env.get("TORCH_CUBLAS_WORKSPACE_CACHE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def active_blocks(snapshot: Iterable[dict[str, Any]], device: int) -> set[Block]:
@@ -87,10 +104,12 @@ class Workspaces:
         capturing: Callable[[], bool],
         budget: Callable[[], int],
         max_clears: int = 4,
+        persistent: bool = True,
     ) -> None:
         self._key, self._blocks, self._gemms, self._clear = key, blocks, list(gemms), clear
         self._hold, self._capturing, self._budget = hold, capturing, budget
         self.max_clears = max_clears
+        self.persistent = persistent
         self._lock = threading.Lock()
         self._found: dict[tuple[int, int, int], list[Block]] = {}
         self.clears = 0
@@ -99,6 +118,8 @@ class Workspaces:
 
     def ensure(self) -> None:
         """Called by every hook: finds and holds this pair's workspace the first time."""
+        if not self.persistent:
+            return
         key = self._key()
         if key is None or key in self._found:
             return
@@ -162,4 +183,5 @@ class Workspaces:
                 "workspace_held_bytes": self.held_bytes,
                 "workspace_clears": self.clears,
                 "workspaces_left_alone": self.left_alone,
+                "workspaces_per_call": 0 if self.persistent else 1,
             }

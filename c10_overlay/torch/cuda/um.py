@@ -1387,8 +1387,15 @@ def _workspace_finder() -> Any:
                 torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()
             ),
             budget=_current_budget,
+            persistent=_um_workspaces.persistent(_torch_minor(), dict(os.environ)),
         )
     return _workspaces
+
+
+def _torch_minor() -> tuple[int, int]:
+    """(major, minor) of the running torch."""
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 # Note [DDP's buckets between steps] (torch/cuda/_um_ddp.py): the process's Buckets, and
@@ -1537,7 +1544,9 @@ def predict_stats() -> dict[str, int]:
     ``predict.workspaces_held`` / ``predict.workspace_held_bytes`` (the (thread, stream)
     pairs whose workspace is held now, and its bytes; the engine's ``um.hold_bytes``
     counts every hold), ``predict.workspace_clears`` (times every workspace was freed
-    to find one) and ``predict.workspaces_left_alone`` (pairs not held)."""
+    to find one), ``predict.workspaces_left_alone`` (pairs not held) and
+    ``predict.workspaces_per_call`` (1: this torch gives each GEMM a workspace of its own,
+    torch 2.15 and later by default, and there is none to hold)."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())
