@@ -150,6 +150,8 @@ STEP_COUNTERS = (
     "um.op_ahead_bytes",
     "um.op_matches",
     "um.op_paths",
+    "um.op_mixed",
+    "um.op_counterparts",
     "um.plan_victim_bytes",
     "um.fence_wait_ns",
     "um.op_signal_ns",

@@ -12,7 +12,9 @@
 //   - the walk is bounded by max_steps and never hands out the present op;
 //   - the predicted next use (Note [Predicted next use]): one period on in a
 //     scan, the next use in the step for a range used twice, the handed-out
-//     ranges at their positions, nothing off a path.
+//     ranges at their positions, nothing off a path;
+//   - Note [Counterparts]: a pass whose activations have new addresses is
+//     found by its weights and predicted from the pass before.
 // Built and run by tests/unit/test_engine_lookahead.py; no GPU, no torch.
 #include "check.h"
 #include <c10/cuda/um/Lookahead.h>
@@ -322,6 +324,124 @@ bool off_a_path_nothing_is_predicted() {
   return true;
 }
 
+// A training loop of four alike layers whose activations and gradients get
+// new addresses every pass (the caching allocator's early steps), while the
+// weights and their optimizer state keep theirs. Identities: one per kind of
+// use, the same for every layer (alike layers); a weight has one identity in
+// the forward, another in the backward (a transpose) and a third in the
+// update (Note [Counterparts]).
+struct Loop {
+  static constexpr int kLayers = 4;
+  static constexpr uint64_t kAct = 11, kWeightFwd = 21, kWeightBwd = 22, kWeightUpd = 23,
+                            kGrad = 31, kOut = 41, kState = 51;
+  bool ids = true;
+  // Positions of pass 1 (the position the range takes when recorded).
+  std::vector<uint64_t> act_forward, act_backward, grad_first, grad_next;
+  uint64_t id(uint64_t v) const {
+    return ids ? v : 0;
+  }
+  Range A(int pass, int i) const {
+    return Range{0x500000000ull + (pass * 16 + i) * (1ull << 26), 8 * kMiB, id(kAct)};
+  }
+  Range G(int pass, int i) const {
+    return Range{0x900000000ull + (pass * 16 + i) * (1ull << 26), 8 * kMiB, id(kGrad)};
+  }
+  Range Y(int pass, int i) const {
+    return Range{0xd00000000ull + (pass * 16 + i) * (1ull << 26), 8 * kMiB, id(kOut)};
+  }
+  Range W(int i, uint64_t use) const {
+    return Range{0x100000000ull + i * (1ull << 28), 128 * kMiB, id(use)};
+  }
+  Range M(int i) const {
+    return Range{0x300000000ull + i * (1ull << 28), 128 * kMiB, id(kState)};
+  }
+  // One pass; `check(range, k, want)` is called before each operator for the
+  // ranges whose next use pass 1 says (want 0: not known yet).
+  template <class Check>
+  void pass(Lookahead& la, Sim& sim, int p, Check&& check) {
+    for (int i = 0; i < kLayers; ++i) {
+      if (p == 0) {
+        act_forward.push_back(la.clock().now);
+      }
+      check(A(p, i), 0, p == 0 ? 0 : act_backward[i]);
+      op(la, sim, {A(p, i), W(i, kWeightFwd)}, 0);
+      op(la, sim, {Y(p, i)}, 0);
+    }
+    for (int i = kLayers - 1; i >= 0; --i) {
+      if (p == 0) {
+        grad_first.push_back(la.clock().now);
+      }
+      check(G(p, i), 0, p == 0 ? 0 : grad_next[kLayers - 1 - i]);
+      op(la, sim, {G(p, i), W(i, kWeightBwd)}, 0);
+      if (p == 0) {
+        act_backward.resize(kLayers);
+        act_backward[i] = la.clock().now;
+        grad_next.push_back(la.clock().now + 1);
+      }
+      op(la, sim, {A(p, i), G(p, i)}, 0);
+    }
+    for (int i = 0; i < kLayers; ++i) {
+      op(la, sim, {W(i, kWeightUpd), M(i)}, 0);
+    }
+  }
+};
+
+bool new_addresses_are_predicted_from_their_counterparts() {
+  Lookahead la;
+  Sim sim;
+  Loop loop;
+  // Pass 1: nothing matches, not even a weight's backward use with its
+  // forward one (other identities), so nothing is predicted.
+  loop.pass(la, sim, 0, [&](const Range& r, uint64_t k, uint64_t) {
+    CHECK(la.due(r, k) == 0, "pass 1 predicted %llx", (unsigned long long)r.addr);
+    return true;
+  });
+  CHECK(la.counters().matches == 0, "pass 1 matched %llu times",
+        (unsigned long long)la.counters().matches);
+  const uint64_t period = la.clock().now - loop.act_forward[0];
+  // Pass 2: the first layer's forward (new activation, known weight) finds
+  // pass 1's, one period back; from the second layer on, every new
+  // activation and gradient is due where its counterpart was next used.
+  int checked = 0;
+  bool started = false;
+  loop.pass(la, sim, 1, [&](const Range& r, uint64_t k, uint64_t want) {
+    if (!started) {
+      started = true; // the first operator of the pass comes before any match
+      return true;
+    }
+    const uint64_t due = la.due(r, k);
+    CHECK(due == want + period, "pass 2: %llx due %llu, want %llu + %llu",
+          (unsigned long long)r.addr, (unsigned long long)due, (unsigned long long)want,
+          (unsigned long long)period);
+    ++checked;
+    return true;
+  });
+  CHECK(checked == 2 * Loop::kLayers - 1, "checked %d", checked);
+  CHECK(la.counters().mixed > 0 && la.counters().counterparts >= 7,
+        "mixed %llu, counterparts %llu", (unsigned long long)la.counters().mixed,
+        (unsigned long long)la.counters().counterparts);
+  return true;
+}
+
+bool without_identities_the_moved_pass_is_not_predicted() {
+  // The same loop with no identities (the history as it was keyed before):
+  // the activations of pass 2 are not predicted where they are used next.
+  Lookahead la;
+  Sim sim;
+  Loop loop;
+  loop.ids = false;
+  loop.pass(la, sim, 0, [](const Range&, uint64_t, uint64_t) { return true; });
+  const uint64_t period = la.clock().now - loop.act_forward[0];
+  int right = 0;
+  loop.pass(la, sim, 1, [&](const Range& r, uint64_t k, uint64_t want) {
+    right += want != 0 && la.due(r, k) == want + period ? 1 : 0;
+    return true;
+  });
+  CHECK(right == 0, "%d predicted right without identities", right);
+  CHECK(la.counters().mixed == 0 && la.counters().counterparts == 0, "mixed without ids");
+  return true;
+}
+
 } // namespace
 
 int main() {
@@ -346,6 +466,10 @@ int main() {
       {"a range used twice is next used at its next use in the step",
        a_range_used_twice_is_next_used_at_its_next_use_in_the_step},
       {"off a path nothing is predicted", off_a_path_nothing_is_predicted},
+      {"new addresses are predicted from their counterparts",
+       new_addresses_are_predicted_from_their_counterparts},
+      {"without identities the moved pass is not predicted",
+       without_identities_the_moved_pass_is_not_predicted},
   };
   int n = 0;
   for (const Case& c : cases) {

@@ -168,6 +168,8 @@ class _Stats(ctypes.Structure):
             "op_signal_ns",
             "plan_bytes",
             "plan_victim_bytes",
+            "op_mixed",
+            "op_counterparts",
         )
     ]
 

@@ -286,6 +286,8 @@ TORCH_UM_API int torch_um_get_stats(int device, TorchUmStats* out) {
     s.op_matches = op.matches;
     s.op_paths = op.paths;
     s.op_signal_ns = op.nanoseconds;
+    s.op_mixed = op.mixed;
+    s.op_counterparts = op.counterparts;
     size_t n = std::min<size_t>(out->struct_size, sizeof(TorchUmStats));
     uint64_t caller_size = out->struct_size;
     std::memcpy(out, &s, n);

@@ -7,6 +7,7 @@ namespace c10::cuda::um {
 Lookahead::Lookahead(size_t capacity, size_t max_steps)
     : hist_(capacity < 2 ? 2 : capacity),
       prev_(hist_.size(), 0),
+      next_(hist_.size(), 0),
       max_steps_(max_steps) {}
 
 uint64_t Lookahead::key(const Range& prev, const Range& r) {
@@ -15,6 +16,46 @@ uint64_t Lookahead::key(const Range& prev, const Range& r) {
   // by what came just before it (Note [Learned lookahead]).
   return (static_cast<uint64_t>(r.addr) ^ (r.size << 1)) ^
       ((static_cast<uint64_t>(prev.addr) + prev.size) * 0x9E3779B97F4A7C15ull);
+}
+
+namespace {
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+uint64_t mix(uint64_t a, uint64_t b) {
+  a ^= b + kGolden + (a << 6) + (a >> 2);
+  return a * kGolden;
+}
+} // namespace
+
+uint64_t Lookahead::keyIdAddr(const Range& prev, const Range& r) {
+  return mix(mix(prev.id, 1), mix(r.addr, r.size));
+}
+
+uint64_t Lookahead::keyAddrId(const Range& prev, const Range& r) {
+  return mix(mix(prev.addr, prev.size), mix(r.id, 2));
+}
+
+uint64_t Lookahead::mixedMatch(const Range& prev, const Range& r) const {
+  // Note [Counterparts]: one side by address, the other by identity; the
+  // identities must be known (an unknown one matches nothing).
+  if (prev.id != 0) {
+    if (auto it = seen_mixed_.find(keyIdAddr(prev, r)); it != seen_mixed_.end()) {
+      const uint64_t q = it->second;
+      if (q > 1 && held(q) && held(q - 1) && at(q) == r && at(q).id == r.id &&
+          at(q - 1).id == prev.id) {
+        return q;
+      }
+    }
+  }
+  if (r.id != 0) {
+    if (auto it = seen_mixed_.find(keyAddrId(prev, r)); it != seen_mixed_.end()) {
+      const uint64_t q = it->second;
+      if (q > 1 && held(q) && held(q - 1) && at(q - 1) == prev && at(q - 1).id == prev.id &&
+          at(q).id == r.id) {
+        return q;
+      }
+    }
+  }
+  return 0;
 }
 
 bool Lookahead::record(const Range& r) {
@@ -34,6 +75,11 @@ bool Lookahead::record(const Range& r) {
       at(it->second - 1) == prev) {
     q = it->second;
   }
+  bool mixed = false;
+  if (q == 0 && has_prev) {
+    q = mixedMatch(prev, r);
+    mixed = q != 0;
+  }
   // A transition repeated within a few positions (an op and the op it
   // dispatches to report the same arguments) says nothing about the loop:
   // the earlier occurrence stays the one remembered, so that the next step
@@ -46,8 +92,18 @@ bool Lookahead::record(const Range& r) {
     it->second = pos_;
   }
   prev_[pos_ % hist_.size()] = before;
+  next_[pos_ % hist_.size()] = 0;
+  if (before != 0) {
+    next_[before % hist_.size()] = pos_;
+  }
   if (!local) {
     seen_[k] = pos_;
+    if (has_prev && prev.id != 0) {
+      seen_mixed_[keyIdAddr(prev, r)] = pos_;
+    }
+    if (has_prev && r.id != 0) {
+      seen_mixed_[keyAddrId(prev, r)] = pos_;
+    }
   }
   ++pos_;
   ++recorded_;
@@ -59,6 +115,9 @@ bool Lookahead::record(const Range& r) {
     for (auto it = seen_.begin(); it != seen_.end();) {
       it = held(it->second) ? std::next(it) : seen_.erase(it);
     }
+    for (auto it = seen_mixed_.begin(); it != seen_mixed_.end();) {
+      it = held(it->second) ? std::next(it) : seen_mixed_.erase(it);
+    }
     for (auto it = last_.begin(); it != last_.end();) {
       it = held(it->second) ? std::next(it) : last_.erase(it);
     }
@@ -67,6 +126,7 @@ bool Lookahead::record(const Range& r) {
     return false;
   }
   counters_.matches += 1;
+  counters_.mixed += mixed ? 1 : 0;
   matched_at_ = pos_ - 1;
   shift_ = matched_at_ - q;
   // Near the path: a transition that occurs twice close together (an op and
@@ -93,13 +153,13 @@ bool Lookahead::record(const Range& r) {
   return true;
 }
 
-uint64_t Lookahead::due(const Range& r) const {
+uint64_t Lookahead::due(const Range& r, uint64_t k) const {
   // Note [Predicted next use]
   if (!onPath() || pos_ <= shift_) {
     return 0;
   }
   const uint64_t from = pos_ - shift_; // "now", a period ago
-  uint64_t g = pos_; // no use in the last period after now: one period on
+  uint64_t g = 0; // r's first use in the last period after now
   const auto it = last_.find(r.addr);
   if (it != last_.end()) {
     uint64_t p = it->second;
@@ -112,7 +172,20 @@ uint64_t Lookahead::due(const Range& r) const {
       p = prev_[p % hist_.size()];
     }
   }
-  return g + shift_;
+  if (g != 0) {
+    return g + shift_;
+  }
+  // Note [Counterparts]: no use of this address in the last period. Its
+  // counterpart, used a period ago at this operator's position, says when.
+  const uint64_t c = from + k;
+  if (r.id != 0 && c < pos_ && held(c) && at(c).id == r.id && at(c).size == r.size) {
+    const uint64_t n = next_[c % hist_.size()];
+    if (n > c && held(n) && at(n) == at(c)) {
+      counters_.counterparts += 1;
+      return n + shift_;
+    }
+  }
+  return pos_ + shift_; // one period on
 }
 
 void Lookahead::release(uint64_t p) {

@@ -53,6 +53,32 @@
 // a path (no match for max_steps positions: a new pattern, the first period)
 // nothing is predicted, and the caller's plain order decides.
 //
+// Note [Counterparts]
+// ~~~~~~~~~~~~~~~~~~~
+// Keyed by addresses alone, the history cannot predict the second step from
+// the first: the caching allocator hands the first steps' blocks to other
+// tensors (of train-plain's 459 operators a step, 102 used their
+// counterpart's ranges in step 2, all from step 6; step 2 evicted twice the
+// steady bytes, 8.9 GiB of them chosen by wrong plans; step-54 lab note). So
+// each use also carries an identity: the operator and the argument's shape
+// and strides, not its address (`Range::id`, from the operator signal). Two
+// things follow.
+// - Mixed transitions: where the exact transition (both addresses) has not
+//   been seen, a transition whose one side has the same address and the
+//   other the same identity matches too: the activation entering a layer's
+//   matmul is new, the layer's weight is not, so the second step's forward
+//   finds the first step's at its first layer, one period back. Identities
+//   alone would not do: the layers of a model are alike, and only the
+//   weights' addresses tell them apart; a weight's use in the backward has
+//   other strides (a transpose) or another operator than in the forward, so
+//   it does not match its forward use.
+// - Counterparts: the range used at position P on a path corresponds to the
+//   one used at P - shift, a period ago; each use links forward to the next
+//   use of its address (next_). A range whose address has no use in the last
+//   period (a block handed out anew) is predicted next used where its
+//   counterpart was: next_[P - shift] + shift, if the counterpart has the
+//   same identity, else one period on, as before.
+//
 // Pure C++ (no CUDA): tested on the CPU in tests/engine/lookahead_test.cpp.
 // Not thread-safe: the caller serialises use() per device.
 #pragma once
@@ -79,6 +105,10 @@ class Lookahead {
   struct Range {
     uintptr_t addr = 0;
     uint64_t size = 0;
+    // What uses it, not where it is (Note [Counterparts]): a hash of the
+    // operator and the argument's shape and strides; 0 unknown. Not part of
+    // equality: the same storage is one range under every operator.
+    uint64_t id = 0;
     bool operator==(const Range& o) const {
       return addr == o.addr && size == o.size;
     }
@@ -123,8 +153,9 @@ class Lookahead {
   }
 
   // Note [Predicted next use]: the position at which r, used now (before
-  // use() records it), is predicted to be used next; 0 off a path.
-  uint64_t due(const Range& r) const;
+  // use() records it) as the k-th range of its operator, is predicted to be
+  // used next; 0 off a path.
+  uint64_t due(const Range& r, uint64_t k = 0) const;
   // The positions now (PlanClock).
   PlanClock clock() const {
     return PlanClock{pos_, onPath() ? cursor_ + shift_ : 0};
@@ -133,6 +164,8 @@ class Lookahead {
   struct Counters {
     uint64_t uses = 0; // ranges recorded (consecutive repeats folded)
     uint64_t matches = 0; // of which had been used before, still in the history
+    uint64_t mixed = 0; // of the matches, by a mixed transition (Note [Counterparts])
+    uint64_t counterparts = 0; // predictions made from a counterpart
     uint64_t paths = 0; // predictions started (a match off the current path)
     uint64_t ahead_ranges = 0; // ranges handed to `ahead`
     uint64_t ahead_bytes = 0; // bytes they asked to move
@@ -151,6 +184,12 @@ class Lookahead {
     return shift_ != 0 && pos_ - matched_at_ <= max_steps_;
   }
   static uint64_t key(const Range& prev, const Range& r);
+  // Mixed transitions (Note [Counterparts]): prev by identity and r by
+  // address, or prev by address and r by identity.
+  static uint64_t keyIdAddr(const Range& prev, const Range& r);
+  static uint64_t keyAddrId(const Range& prev, const Range& r);
+  // The last position of a mixed transition that matches (prev, r), or 0.
+  uint64_t mixedMatch(const Range& prev, const Range& r) const;
   // Records r; true if it matched an earlier use (then match_ and cursor_
   // follow it).
   bool record(const Range& r);
@@ -166,6 +205,8 @@ class Lookahead {
   std::vector<Range> hist_; // ring; position p at hist_[p % size]
   // The range's use before position p (0: none held), beside hist_.
   std::vector<uint64_t> prev_;
+  // Its use after p (0: none yet), beside hist_ (Note [Counterparts]).
+  std::vector<uint64_t> next_;
   // A range's start -> its last position (Note [Predicted next use]).
   std::unordered_map<uintptr_t, uint64_t> last_;
   uint64_t shift_ = 0; // last match's position - the position it matched
@@ -174,6 +215,8 @@ class Lookahead {
   uint64_t recorded_ = 0; // positions the current use() recorded
   // The transition (range before, range) -> its last position.
   std::unordered_map<uint64_t, uint64_t> seen_;
+  // The mixed transitions -> their last position (Note [Counterparts]).
+  std::unordered_map<uint64_t, uint64_t> seen_mixed_;
   uint64_t match_ = 0; // history position the last match found
   uint64_t cursor_ = 0; // last position handed out along the path
   struct Flight {
@@ -183,7 +226,7 @@ class Lookahead {
   std::deque<Flight> flight_;
   uint64_t in_flight_ = 0;
   size_t max_steps_;
-  Counters counters_;
+  mutable Counters counters_; // due() counts its counterparts
 };
 
 } // namespace c10::cuda::um

@@ -81,7 +81,24 @@ struct Gathered {
   size_t n = 0;
   int device = -1;
 
-  void add(const at::Tensor& t) {
+  // Note [Counterparts] (Lookahead.h): what uses the storage, not where it
+  // is: the operator, the argument's place and dtype, its shape and strides.
+  static uint64_t identity(const char* op, size_t slot, const at::Tensor& t) {
+    uint64_t h = reinterpret_cast<uintptr_t>(op) * 0x9E3779B97F4A7C15ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001B3ull + (h >> 29); };
+    mix(slot);
+    mix(static_cast<uint64_t>(t.scalar_type()));
+    for (const int64_t d : t.sizes()) {
+      mix(static_cast<uint64_t>(d));
+    }
+    mix(0xFFFF);
+    for (const int64_t d : t.strides()) {
+      mix(static_cast<uint64_t>(d));
+    }
+    return h == 0 ? 1 : h;
+  }
+
+  void add(const at::Tensor& t, const char* op, size_t slot) {
     if (n == kMaxRanges || !t.defined() || !t.is_cuda() || !t.has_storage()) {
       return;
     }
@@ -105,7 +122,7 @@ struct Gathered {
     } else if (dev != device) {
       return; // one device an operator: peer accesses are left to the faults
     }
-    const Lookahead::Range r{reinterpret_cast<uintptr_t>(p), size};
+    const Lookahead::Range r{reinterpret_cast<uintptr_t>(p), size, identity(op, slot, t)};
     for (size_t i = 0; i < n; ++i) {
       if (ranges[i] == r) {
         return;
@@ -119,16 +136,20 @@ std::unique_ptr<at::ObserverContext> onOperator(const at::RecordFunction& fn) {
   // Nothing may escape into the operator: a signal lost costs speed only.
   try {
     Gathered g;
+    const char* op = fn.name();
+    size_t slot = 0;
     for (const c10::IValue& v : fn.inputs()) {
       if (v.isTensor()) {
-        g.add(v.toTensor());
+        g.add(v.toTensor(), op, slot);
       } else if (v.isList()) {
         for (const c10::IValue& e : v.toListRef()) {
           if (e.isTensor()) {
-            g.add(e.toTensor());
+            g.add(e.toTensor(), op, slot);
           }
+          ++slot;
         }
       }
+      ++slot;
     }
     if (g.n > 0) {
       const auto stream = c10::cuda::getCurrentCUDAStream(
@@ -308,7 +329,7 @@ void OpSignal::observe(
   // [The learned eviction order]), all under one engine lock.
   uint64_t dues[kMaxRanges];
   for (size_t i = 0; i < n; ++i) {
-    dues[i] = d.order.due(ranges[i]);
+    dues[i] = d.order.due(ranges[i], i);
   }
   uint64_t moved = 0;
   if (engine.touchOp(ranges, dues, n, device, static_cast<cudaStream_t>(stream),
@@ -363,6 +384,8 @@ OpSignalCounters OpSignal::counters() const {
       std::lock_guard<std::mutex> lock(d->mu);
       c.matches += d->order.counters().matches;
       c.paths += d->order.counters().paths;
+      c.mixed += d->order.counters().mixed;
+      c.counterparts += d->order.counters().counterparts;
     }
   }
   return c;

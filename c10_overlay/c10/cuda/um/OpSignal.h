@@ -77,6 +77,8 @@ struct OpSignalCounters {
   uint64_t ahead_bytes = 0; // of those, bytes asked to move
   uint64_t matches = 0; // uses found in the learned order
   uint64_t paths = 0; // predictions started
+  uint64_t mixed = 0; // matches by a mixed transition (Note [Counterparts])
+  uint64_t counterparts = 0; // predictions made from a counterpart
   uint64_t nanoseconds = 0; // host time in the observer
 };
 

@@ -135,6 +135,11 @@ typedef struct TorchUmStats {
    * predicted next use, and bytes that left the device chosen by it. */
   uint64_t plan_bytes;
   uint64_t plan_victim_bytes;
+  /* Note [Counterparts] (Lookahead.h): of op_matches, those found by a
+   * transition with one side by identity; predictions made from a
+   * counterpart. */
+  uint64_t op_mixed;
+  uint64_t op_counterparts;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
