@@ -82,23 +82,46 @@ struct Gathered {
   int device = -1;
 
   // Note [Counterparts] (Lookahead.h): what uses the storage, not where it
-  // is: the operator, the argument's place and dtype, its shape and strides.
-  static uint64_t identity(const char* op, size_t slot, const at::Tensor& t) {
-    uint64_t h = reinterpret_cast<uintptr_t>(op) * 0x9E3779B97F4A7C15ull;
-    auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001B3ull + (h >> 29); };
-    mix(slot);
-    mix(static_cast<uint64_t>(t.scalar_type()));
+  // is: the call's signature (every argument's kind, and each tensor's
+  // dtype, shape and strides; the operator's name is not exported to this
+  // library) and the argument's place in it.
+  static void mix(uint64_t& h, uint64_t v) {
+    h = (h ^ v) * 0x100000001B3ull + (h >> 29);
+  }
+  static void mixTensor(uint64_t& h, const at::Tensor& t) {
+    if (!t.defined()) {
+      mix(h, 0xD0);
+      return;
+    }
+    mix(h, static_cast<uint64_t>(t.scalar_type()));
     for (const int64_t d : t.sizes()) {
-      mix(static_cast<uint64_t>(d));
+      mix(h, static_cast<uint64_t>(d));
     }
-    mix(0xFFFF);
+    mix(h, 0xFFFF);
     for (const int64_t d : t.strides()) {
-      mix(static_cast<uint64_t>(d));
+      mix(h, static_cast<uint64_t>(d));
     }
+  }
+  static uint64_t signature(c10::ArrayRef<const c10::IValue> inputs) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ inputs.size();
+    for (const c10::IValue& v : inputs) {
+      mix(h, v.isTensor() ? 1 : v.isList() ? 2 : v.isInt() ? 3 : v.isDouble() ? 4
+             : v.isBool() ? 5 : v.isNone() ? 6 : 7);
+      if (v.isTensor()) {
+        mixTensor(h, v.toTensor());
+      } else if (v.isList()) {
+        mix(h, v.toListRef().size());
+      }
+    }
+    return h;
+  }
+  static uint64_t identity(uint64_t sig, size_t slot) {
+    uint64_t h = sig;
+    mix(h, slot + 1);
     return h == 0 ? 1 : h;
   }
 
-  void add(const at::Tensor& t, const char* op, size_t slot) {
+  void add(const at::Tensor& t, uint64_t sig, size_t slot) {
     if (n == kMaxRanges || !t.defined() || !t.is_cuda() || !t.has_storage()) {
       return;
     }
@@ -122,7 +145,7 @@ struct Gathered {
     } else if (dev != device) {
       return; // one device an operator: peer accesses are left to the faults
     }
-    const Lookahead::Range r{reinterpret_cast<uintptr_t>(p), size, identity(op, slot, t)};
+    const Lookahead::Range r{reinterpret_cast<uintptr_t>(p), size, identity(sig, slot)};
     for (size_t i = 0; i < n; ++i) {
       if (ranges[i] == r) {
         return;
@@ -136,15 +159,15 @@ std::unique_ptr<at::ObserverContext> onOperator(const at::RecordFunction& fn) {
   // Nothing may escape into the operator: a signal lost costs speed only.
   try {
     Gathered g;
-    const char* op = fn.name();
+    const uint64_t sig = Gathered::signature(fn.inputs());
     size_t slot = 0;
     for (const c10::IValue& v : fn.inputs()) {
       if (v.isTensor()) {
-        g.add(v.toTensor(), op, slot);
+        g.add(v.toTensor(), sig, slot);
       } else if (v.isList()) {
         for (const c10::IValue& e : v.toListRef()) {
           if (e.isTensor()) {
-            g.add(e.toTensor(), op, slot);
+            g.add(e.toTensor(), sig, slot);
           }
           ++slot;
         }
