@@ -1782,6 +1782,20 @@ def _install() -> None:
 
     _lazy_call(_attach)
     _install_memory_stats()
+    _choose_nccl_process_group()
+
+
+def _choose_nccl_process_group() -> None:
+    """Note [nccl2 registers every segment] (torch/cuda/_um_interplay.py)."""
+    if not is_enabled():
+        return
+    from torch.cuda import _um_interplay
+
+    value, warning = _um_interplay.nccl_process_group(_torch_minor(), os.environ)
+    if value is not None:
+        os.environ[_um_interplay.NCCL2] = value
+    if warning is not None:
+        warnings.warn(warning, stacklevel=2)
 
 
 _install()
