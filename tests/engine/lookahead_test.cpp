@@ -335,16 +335,20 @@ struct Loop {
   static constexpr uint64_t kAct = 11, kWeightFwd = 21, kWeightBwd = 22, kWeightUpd = 23,
                             kGrad = 31, kOut = 41, kState = 51;
   bool ids = true;
+  bool swap = false; // pass 3 takes pass 2's blocks, each layer another's
   // Positions of pass 1 (the position the range takes when recorded).
   std::vector<uint64_t> act_forward, act_backward, grad_first, grad_next;
   uint64_t id(uint64_t v) const {
     return ids ? v : 0;
   }
+  int block(int pass, int i) const {
+    return swap && pass == 2 ? 16 + (i + 1) % kLayers : pass * 16 + i;
+  }
   Range A(int pass, int i) const {
-    return Range{0x500000000ull + (pass * 16 + i) * (1ull << 26), 8 * kMiB, id(kAct)};
+    return Range{0x500000000ull + block(pass, i) * (1ull << 26), 8 * kMiB, id(kAct)};
   }
   Range G(int pass, int i) const {
-    return Range{0x900000000ull + (pass * 16 + i) * (1ull << 26), 8 * kMiB, id(kGrad)};
+    return Range{0x900000000ull + block(pass, i) * (1ull << 26), 8 * kMiB, id(kGrad)};
   }
   Range Y(int pass, int i) const {
     return Range{0xd00000000ull + (pass * 16 + i) * (1ull << 26), 8 * kMiB, id(kOut)};
@@ -417,6 +421,20 @@ bool new_addresses_are_predicted_from_their_counterparts() {
     return true;
   });
   CHECK(checked == 2 * Loop::kLayers - 1, "checked %d", checked);
+  // Pass 3 takes pass 2's blocks, each layer another layer's: an address's
+  // own history now names another tensor's next use; the counterpart (same
+  // identity, another address) still names this one's.
+  loop.swap = true;
+  checked = 0;
+  loop.pass(la, sim, 2, [&](const Range& r, uint64_t k, uint64_t want) {
+    const uint64_t due = la.due(r, k);
+    CHECK(due == want + 2 * period, "pass 3: %llx due %llu, want %llu + 2 x %llu",
+          (unsigned long long)r.addr, (unsigned long long)due, (unsigned long long)want,
+          (unsigned long long)period);
+    ++checked;
+    return true;
+  });
+  CHECK(checked == 2 * Loop::kLayers, "checked %d in pass 3", checked);
   CHECK(la.counters().mixed > 0 && la.counters().counterparts >= 7,
         "mixed %llu, counterparts %llu", (unsigned long long)la.counters().mixed,
         (unsigned long long)la.counters().counterparts);

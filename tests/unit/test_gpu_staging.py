@@ -161,7 +161,7 @@ def test_host_extras_joins_and_unpacks_a_library_and_a_package(tmp_path: Path) -
         ship.split(w, ship_dir, size=64)
     extras = tmp_path / "extras.json"
     lib = {"member": "nvidia/nccl/lib/libnccl.so.2", "lib": "nccl/lib/libnccl.so.2"}
-    entries = [
+    entries: list[dict[str, object]] = [
         {"filename": nccl.name, "sha256": _sha(nccl.read_bytes()), **lib},
         {"filename": vision.name, "sha256": _sha(vision.read_bytes())},
         {"package": "oldaudio", "hide": True, "why": "built for another torch"},

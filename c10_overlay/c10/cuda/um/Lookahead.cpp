@@ -80,6 +80,19 @@ bool Lookahead::record(const Range& r) {
     q = mixedMatch(prev, r);
     mixed = q != 0;
   }
+  // Note [Counterparts]: on a path, a use like the one a period ago (same
+  // identities, this one and the one before) continues the path there,
+  // whatever another occurrence of its transition says: alike layers whose
+  // blocks were handed around match each other's transitions, one or more
+  // layers off, and would misalign every prediction after them.
+  if (has_prev && onPath() && shift_ < pos_ && r.id != 0 && prev.id != 0) {
+    const uint64_t e = pos_ - shift_;
+    if (e > 1 && held(e) && held(e - 1) && at(e).id == r.id && at(e).size == r.size &&
+        at(e - 1).id == prev.id && q != e) {
+      mixed = mixed || q == 0 || !(at(e) == r);
+      q = e;
+    }
+  }
   // A transition repeated within a few positions (an op and the op it
   // dispatches to report the same arguments) says nothing about the loop:
   // the earlier occurrence stays the one remembered, so that the next step
@@ -159,6 +172,20 @@ uint64_t Lookahead::due(const Range& r, uint64_t k) const {
     return 0;
   }
   const uint64_t from = pos_ - shift_; // "now", a period ago
+  // Note [Counterparts]: the use a period ago at this operator's position.
+  // The same identity at another address: the tensor moved (its block went
+  // to another tensor, or it has a new one), and the counterpart says when
+  // it is used next, not the address's own history.
+  const uint64_t c = from + k;
+  if (r.id != 0 && c < pos_ && held(c) && !(at(c) == r) && at(c).id == r.id &&
+      at(c).size == r.size) {
+    const uint64_t n = next_[c % hist_.size()];
+    counters_.counterparts += 1;
+    if (n > c && held(n) && at(n) == at(c)) {
+      return n + shift_;
+    }
+    return pos_ + shift_; // not used again in the period
+  }
   uint64_t g = 0; // r's first use in the last period after now
   const auto it = last_.find(r.addr);
   if (it != last_.end()) {
@@ -172,20 +199,7 @@ uint64_t Lookahead::due(const Range& r, uint64_t k) const {
       p = prev_[p % hist_.size()];
     }
   }
-  if (g != 0) {
-    return g + shift_;
-  }
-  // Note [Counterparts]: no use of this address in the last period. Its
-  // counterpart, used a period ago at this operator's position, says when.
-  const uint64_t c = from + k;
-  if (r.id != 0 && c < pos_ && held(c) && at(c).id == r.id && at(c).size == r.size) {
-    const uint64_t n = next_[c % hist_.size()];
-    if (n > c && held(n) && at(n) == at(c)) {
-      counters_.counterparts += 1;
-      return n + shift_;
-    }
-  }
-  return pos_ + shift_; // one period on
+  return (g != 0 ? g : pos_) + shift_; // none in the last period: one period on
 }
 
 void Lookahead::release(uint64_t p) {

@@ -74,10 +74,16 @@
 //   it does not match its forward use.
 // - Counterparts: the range used at position P on a path corresponds to the
 //   one used at P - shift, a period ago; each use links forward to the next
-//   use of its address (next_). A range whose address has no use in the last
-//   period (a block handed out anew) is predicted next used where its
-//   counterpart was: next_[P - shift] + shift, if the counterpart has the
-//   same identity, else one period on, as before.
+//   use of its address (next_). A range whose counterpart has its identity
+//   but another address (its block is new, or was another tensor's) is
+//   predicted next used where its counterpart was: next_[P - shift] + shift
+//   (one period on if the counterpart was not used again); the address's own
+//   history would name another tensor's next use.
+// - Continuation: on a path, a use whose identity and its predecessor's are
+//   those of the uses a period ago continues the path there, whatever a
+//   later occurrence of its transition says. Alike layers whose blocks were
+//   handed around match each other's transitions one or more layers off,
+//   and a match taken from them would misalign every prediction after it.
 //
 // Pure C++ (no CUDA): tested on the CPU in tests/engine/lookahead_test.cpp.
 // Not thread-safe: the caller serialises use() per device.
