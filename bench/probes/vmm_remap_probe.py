@@ -7,7 +7,8 @@ virtual memory management the address and the memory behind it are separate: a c
 copied into host-located physical memory (``cuMemCreate`` with a host location) by the copy
 engine, and that memory then mapped at the chunk's own address in place of the device
 memory, so that a kernel the engine did not foresee still reads the right bytes, over the
-link. This probe measures, for RANGE bytes in 2 MiB granules, without the engine:
+link. This probe measures, for RANGE bytes in granules of ``--granule-mib`` (2 MiB by
+default), without the engine:
 
 - the copy device -> host-located memory by the copy engine (``cuMemcpyAsync``) and by
   kernels (a tensor copy), in GB/s;
@@ -15,11 +16,14 @@ link. This probe measures, for RANGE bytes in 2 MiB granules, without the engine
   microseconds a granule;
 - that a kernel reading the address afterwards sees the data (a sum), and how fast it reads
   in place;
-- the way back (copy to device memory mapped elsewhere, remap).
+- the way back (copy to device memory mapped elsewhere, remap);
+- whether the remaps wait for a kernel on another stream that touches none of this memory
+  (step 55: remapping granule by granule would bound eviction at about 15 GB/s; this and
+  ``--granule-mib`` say whether larger allocations or remaps beside the GPU's work do better).
 
 Run on the GPU host (the stock torch finds the CUDA libraries and launches the kernels):
 
-    python3 bench/probes/vmm_remap_probe.py [MiB] [--json FILE]
+    python3 bench/probes/vmm_remap_probe.py [MiB] [--granule-mib 2] [--json FILE]
 
 It allocates MiB (default 1024) of device memory and as much host-located memory, plus a
 temporary of MiB, and refuses to run if three times MiB is more than 80 % of the free GPU
@@ -74,11 +78,13 @@ class AccessDesc(ctypes.Structure):
 
 
 class Driver:
-    """The driver calls the probe needs, each checked."""
+    """The driver calls the probe needs, each checked; ``granule`` bytes a physical
+    allocation (a multiple of 2 MiB)."""
 
-    def __init__(self, device: int) -> None:
+    def __init__(self, device: int, granule: int = GRANULE) -> None:
         self.cu = ctypes.CDLL("libcuda.so.1")
         self.device = device
+        self.granule = granule
         u64, size = ctypes.c_uint64, ctypes.c_size_t
         self.cu.cuMemCreate.argtypes = [
             ctypes.POINTER(u64),
@@ -116,25 +122,28 @@ class Driver:
     def create(self, prop: AllocationProp) -> int:
         h = ctypes.c_uint64()
         self.check(
-            self.cu.cuMemCreate(ctypes.byref(h), GRANULE, ctypes.byref(prop), 0), "cuMemCreate"
+            self.cu.cuMemCreate(ctypes.byref(h), self.granule, ctypes.byref(prop), 0),
+            "cuMemCreate",
         )
         return h.value
 
     def reserve(self, nbytes: int) -> int:
         p = ctypes.c_uint64()
         self.check(
-            self.cu.cuMemAddressReserve(ctypes.byref(p), nbytes, GRANULE, 0, 0),
+            self.cu.cuMemAddressReserve(ctypes.byref(p), nbytes, self.granule, 0, 0),
             "cuMemAddressReserve",
         )
         return p.value
 
     def map(self, va: int, handle: int) -> None:
-        self.check(self.cu.cuMemMap(va, GRANULE, 0, handle, 0), "cuMemMap")
+        self.check(self.cu.cuMemMap(va, self.granule, 0, handle, 0), "cuMemMap")
         desc = AccessDesc(Location(LOC_DEVICE, self.device), ACCESS_RW)
-        self.check(self.cu.cuMemSetAccess(va, GRANULE, ctypes.byref(desc), 1), "cuMemSetAccess")
+        self.check(
+            self.cu.cuMemSetAccess(va, self.granule, ctypes.byref(desc), 1), "cuMemSetAccess"
+        )
 
     def unmap(self, va: int) -> None:
-        self.check(self.cu.cuMemUnmap(va, GRANULE), "cuMemUnmap")
+        self.check(self.cu.cuMemUnmap(va, self.granule), "cuMemUnmap")
 
     def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         self.check(
@@ -159,20 +168,29 @@ class View:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mib", nargs="?", type=int, default=1024)
+    ap.add_argument(
+        "--granule-mib",
+        type=int,
+        default=GRANULE // MiB,
+        help="MiB a physical allocation, mapped and remapped as one (a multiple of 2)",
+    )
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
+    if args.granule_mib < 2 or args.granule_mib % 2:
+        raise SystemExit(f"--granule-mib {args.granule_mib}: a multiple of 2 MiB is needed")
+    granule = args.granule_mib * MiB
     import torch
 
-    n = args.mib * MiB - (args.mib * MiB) % GRANULE
+    n = args.mib * MiB - (args.mib * MiB) % granule
     free, _total = torch.cuda.mem_get_info()
     if 3 * n > 0.8 * free:  # the device memory, the way back's, and one temporary
         raise SystemExit(f"{3 * n / MiB:.0f} MiB of device memory is more than 80 % of free")
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the primary context, current on this thread
-    cu = Driver(torch.cuda.current_device())
+    cu = Driver(torch.cuda.current_device(), granule)
     stream = torch.cuda.current_stream().cuda_stream
-    chunks = n // GRANULE
-    rows: dict[str, Any] = {"bytes": n}
+    chunks = n // granule
+    rows: dict[str, Any] = {"bytes": n, "granule bytes": granule}
 
     def timed(fn: Callable[[], object]) -> float:
         torch.cuda.synchronize()
@@ -201,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     va, host_va, back_va = cu.reserve(n), cu.reserve(n), cu.reserve(n)
     try:
         for i in range(chunks):
-            cu.map(va + i * GRANULE, dev[i])
-            cu.map(host_va + i * GRANULE, host[i])
+            cu.map(va + i * granule, dev[i])
+            cu.map(host_va + i * granule, host[i])
         data = torch.as_tensor(View(va, n), device="cuda")
         data.copy_(torch.arange(data.numel(), device="cuda", dtype=torch.float32).remainder_(977))
         expect = float(data.sum(dtype=torch.float64))
@@ -216,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def remap_to_host() -> None:
             for i in range(chunks):
-                cu.unmap(va + i * GRANULE)
-                cu.map(va + i * GRANULE, host[i])
+                cu.unmap(va + i * granule)
+                cu.map(va + i * granule, host[i])
 
         rows["remap to host us a granule"] = timed(remap_to_host) / chunks * 1e6
         got = float(data.sum(dtype=torch.float64))
@@ -225,25 +243,47 @@ def main(argv: list[str] | None = None) -> int:
         rows["kernel read in place GB/s"] = n / timed(lambda: data.sum()) / 1e9
         # The way back: device memory mapped at a third address, copied, remapped.
         for i in range(chunks):
-            cu.map(back_va + i * GRANULE, dev[i])
+            cu.map(back_va + i * granule, dev[i])
         rows["copy engine host-located -> device GB/s"] = (
             n / timed(lambda: cu.copy(back_va, va, n, stream)) / 1e9
         )
 
         def remap_to_device() -> None:
             for i in range(chunks):
-                cu.unmap(va + i * GRANULE)
-                cu.map(va + i * GRANULE, dev[i])
+                cu.unmap(va + i * granule)
+                cu.map(va + i * granule, dev[i])
 
         rows["remap to device us a granule"] = timed(remap_to_device) / chunks * 1e6
         rows["a kernel reads the address right after the way back"] = (
+            float(data.sum(dtype=torch.float64)) == expect
+        )
+        # Does a remap wait for the GPU? The same remaps while a kernel that touches none
+        # of this memory spins for about 50 ms on another stream: host time of the remaps.
+        side = torch.cuda.Stream()
+        cycles = int(1e8)
+        with torch.cuda.stream(side):
+            spin_s = timed(lambda: torch.cuda._sleep(cycles))
+        rows["other stream's kernel ms"] = spin_s * 1e3
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(cycles)
+        t0 = time.perf_counter()
+        remap_to_host()
+        busy_s = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        rows["remap to host while another stream's kernel runs, us a granule"] = (
+            busy_s / chunks * 1e6
+        )
+        rows["remaps waited for the other stream's kernel"] = busy_s > 0.5 * spin_s
+        remap_to_device()
+        rows["a kernel reads the address right after both"] = (
             float(data.sum(dtype=torch.float64)) == expect
         )
         torch.cuda.synchronize()
     finally:
         for base in (va, host_va, back_va):
             for i in range(chunks):
-                cu.cu.cuMemUnmap(base + i * GRANULE, GRANULE)  # unmapped ones fail: fine
+                cu.cu.cuMemUnmap(base + i * granule, granule)  # unmapped ones fail: fine
             cu.cu.cuMemAddressFree(base, n)
         for h in (*dev, *host):
             cu.cu.cuMemRelease(h)
@@ -255,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = (
         rows["a kernel reads the remapped address right"]
         and rows["a kernel reads the address right after the way back"]
+        and rows["a kernel reads the address right after both"]
     )
     return 0 if ok else 1
 
