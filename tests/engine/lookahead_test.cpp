@@ -441,6 +441,56 @@ bool new_addresses_are_predicted_from_their_counterparts() {
   return true;
 }
 
+bool every_range_of_an_operator_is_due_a_period_on() {
+  // Operators of two ranges, [activation, weight]: the weight, recorded one
+  // position after the operator's first range, is next used a period after
+  // this use, not at it (its use a period ago is its counterpart).
+  Lookahead la;
+  Sim sim;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t now = la.clock().now;
+      const Range x = R(100 + i), w = R(i);
+      if (pass == 2) {
+        CHECK(la.due(x, 0) == now + 8 && la.due(w, 1) == now + 1 + 8,
+              "layer %d: x due %llu, w due %llu, want %llu and %llu", i,
+              (unsigned long long)la.due(x, 0), (unsigned long long)la.due(w, 1),
+              (unsigned long long)(now + 8), (unsigned long long)(now + 9));
+      }
+      op(la, sim, {x, w}, 0);
+    }
+  }
+  return true;
+}
+
+bool alike_layers_do_not_hide_the_period() {
+  // Repeated forwards of four alike layers (one identity for every layer's
+  // activation, one for every weight): in the first forward the identities
+  // alone make a path one layer long; from the second, the weights'
+  // addresses find the forward before, and the path keeps that period.
+  Lookahead la;
+  Sim sim;
+  auto act = [](int pass, int i) {
+    return Range{0x500000000ull + (pass * 16 + i) * (1ull << 26), 8 * kMiB, 11};
+  };
+  auto weight = [](int i) {
+    return Range{0x100000000ull + i * (1ull << 28), 128 * kMiB, 21};
+  };
+  const uint64_t period = 8; // four operators of two ranges
+  for (int pass = 0; pass < 4; ++pass) {
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t now = la.clock().now;
+      if (pass == 3) {
+        const uint64_t due = la.due(weight(i), 1);
+        CHECK(due == now + 1 + period, "forward 4, layer %d: weight due %llu, want %llu", i,
+              (unsigned long long)due, (unsigned long long)(now + 1 + period));
+      }
+      op(la, sim, {act(pass, i), weight(i)}, 0);
+    }
+  }
+  return true;
+}
+
 bool without_identities_the_moved_pass_is_not_predicted() {
   // The same loop with no identities (the history as it was keyed before):
   // the activations of pass 2 are not predicted where they are used next.
@@ -488,6 +538,9 @@ int main() {
        new_addresses_are_predicted_from_their_counterparts},
       {"without identities the moved pass is not predicted",
        without_identities_the_moved_pass_is_not_predicted},
+      {"every range of an operator is due a period on",
+       every_range_of_an_operator_is_due_a_period_on},
+      {"alike layers do not hide the period", alike_layers_do_not_hide_the_period},
   };
   int n = 0;
   for (const Case& c : cases) {

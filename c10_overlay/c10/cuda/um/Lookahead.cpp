@@ -81,14 +81,16 @@ bool Lookahead::record(const Range& r) {
     mixed = q != 0;
   }
   // Note [Counterparts]: on a path, a use like the one a period ago (same
-  // identities, this one and the one before) continues the path there,
-  // whatever another occurrence of its transition says: alike layers whose
-  // blocks were handed around match each other's transitions, one or more
-  // layers off, and would misalign every prediction after them.
+  // identities, this one and the one before) continues the path there. Of
+  // that and another match, the one farther back wins: alike layers match
+  // each other's transitions one or more layers off, by handed-around
+  // blocks (the other match nearer) or by their identities alone while the
+  // first period runs (the path's own shift is then a layer); either would
+  // misalign every prediction after it.
   if (has_prev && onPath() && shift_ < pos_ && r.id != 0 && prev.id != 0) {
     const uint64_t e = pos_ - shift_;
     if (e > 1 && held(e) && held(e - 1) && at(e).id == r.id && at(e).size == r.size &&
-        at(e - 1).id == prev.id && q != e) {
+        at(e - 1).id == prev.id && (q == 0 || e < q)) {
       mixed = mixed || q == 0 || !(at(e) == r);
       q = e;
     }
@@ -171,12 +173,17 @@ uint64_t Lookahead::due(const Range& r, uint64_t k) const {
   if (!onPath() || pos_ <= shift_) {
     return 0;
   }
-  const uint64_t from = pos_ - shift_; // "now", a period ago
-  // Note [Counterparts]: the use a period ago at this operator's position.
-  // The same identity at another address: the tensor moved (its block went
-  // to another tensor, or it has a new one), and the counterpart says when
-  // it is used next, not the address's own history.
-  const uint64_t c = from + k;
+  // This use's own position (the operator's k-th range is recorded k
+  // positions after its first), and that position a period ago: a range's
+  // use in the last period at or before it is this use's counterpart, not
+  // its next use.
+  const uint64_t here = pos_ + k;
+  const uint64_t from = here - shift_;
+  // Note [Counterparts]: the use a period ago at this position. The same
+  // identity at another address: the tensor moved (its block went to
+  // another tensor, or it has a new one), and the counterpart says when it
+  // is used next, not the address's own history.
+  const uint64_t c = from;
   if (r.id != 0 && c < pos_ && held(c) && !(at(c) == r) && at(c).id == r.id &&
       at(c).size == r.size) {
     const uint64_t n = next_[c % hist_.size()];
@@ -184,7 +191,7 @@ uint64_t Lookahead::due(const Range& r, uint64_t k) const {
     if (n > c && held(n) && at(n) == at(c)) {
       return n + shift_;
     }
-    return pos_ + shift_; // not used again in the period
+    return here + shift_; // not used again in the period
   }
   uint64_t g = 0; // r's first use in the last period after now
   const auto it = last_.find(r.addr);
@@ -199,7 +206,7 @@ uint64_t Lookahead::due(const Range& r, uint64_t k) const {
       p = prev_[p % hist_.size()];
     }
   }
-  return (g != 0 ? g : pos_) + shift_; // none in the last period: one period on
+  return (g != 0 ? g : here) + shift_; // none in the last period: one period on
 }
 
 void Lookahead::release(uint64_t p) {

@@ -37,7 +37,11 @@
 // The same history says when each range is needed next, which is what an
 // eviction order needs (Belady's rule: the victim is the data whose next use
 // is farthest; Note [The learned eviction order], Residency.h). Along a path
-// the present position P corresponds to P - shift in the history, where
+// the range's own position P (an operator's k-th range is recorded k
+// positions after its first: until step 55 every range was taken at the
+// first's, so an operator's later ranges were predicted at their own use,
+// overdue right after it and the first to leave) corresponds to P - shift
+// in the history, where
 // shift is the distance between the last match and the position it matched
 // (one period of the loop). The uses of a range r in the history after that
 // point are its uses in the last period from "now" on; the first of them, g,
