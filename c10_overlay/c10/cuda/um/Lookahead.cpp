@@ -125,7 +125,7 @@ bool Lookahead::record(const Range& r) {
   if (local) {
     return false;
   }
-  if (seen_.size() > 4 * hist_.size()) {
+  if (seen_.size() > 4 * hist_.size() || seen_mixed_.size() > 8 * hist_.size()) {
     // Transitions that left the history predict nothing: keep the map bounded.
     for (auto it = seen_.begin(); it != seen_.end();) {
       it = held(it->second) ? std::next(it) : seen_.erase(it);
