@@ -20,6 +20,7 @@
 #include <c10/cuda/um/Lookahead.h>
 
 #include <cstdio>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -491,6 +492,38 @@ bool alike_layers_do_not_hide_the_period() {
   return true;
 }
 
+bool random_uses_never_predict_the_past() {
+  // Loops with noise: a few alike identities, blocks handed around at
+  // random, operators of one to four ranges, a small history (ring reuse).
+  // Whatever matches, a prediction is 0 (none) or after the use it is made
+  // for, and the window never lies behind the present.
+  std::mt19937_64 rng(55);
+  for (int trace = 0; trace < 20; ++trace) {
+    Lookahead la(256, 16);
+    Sim sim;
+    for (int step = 0; step < 400; ++step) {
+      const int n = 1 + static_cast<int>(rng() % 4);
+      std::vector<Range> rs;
+      for (int i = 0; i < n; ++i) {
+        const int slot = static_cast<int>((step * 3 + i) % 40);
+        const int block = rng() % 5 == 0 ? static_cast<int>(rng() % 40) : slot;
+        rs.push_back(Range{0x100000000ull + block * (1ull << 26), 4 * kMiB,
+                           rng() % 7 == 0 ? 0 : 1 + static_cast<uint64_t>(slot % 3)});
+      }
+      const uint64_t now = la.clock().now;
+      for (size_t k = 0; k < rs.size(); ++k) {
+        const uint64_t due = la.due(rs[k], k);
+        CHECK(due == 0 || due > now + k, "trace %d step %d: range %zu due %llu at %llu", trace,
+              step, k, (unsigned long long)due, (unsigned long long)(now + k));
+      }
+      CHECK(la.clock().window == 0 || la.clock().window + 64 >= now, "window %llu at %llu",
+            (unsigned long long)la.clock().window, (unsigned long long)now);
+      op(la, sim, rs, step % 2 == 0 ? 16 * kMiB : 0);
+    }
+  }
+  return true;
+}
+
 bool without_identities_the_moved_pass_is_not_predicted() {
   // The same loop with no identities (the history as it was keyed before):
   // the activations of pass 2 are not predicted where they are used next.
@@ -541,6 +574,7 @@ int main() {
       {"every range of an operator is due a period on",
        every_range_of_an_operator_is_due_a_period_on},
       {"alike layers do not hide the period", alike_layers_do_not_hide_the_period},
+      {"random uses never predict the past", random_uses_never_predict_the_past},
   };
   int n = 0;
   for (const Case& c : cases) {
