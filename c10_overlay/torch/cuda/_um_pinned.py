@@ -69,7 +69,7 @@ _decided: tuple[bool, str] | None = None
 def program_settings(torch_version: str, environ: Mapping[str, str]) -> tuple[str | None, str]:
     """The variable this torch reads its allocator settings from, and its text ("" if none
     is set): Note [Which variable torch reads its allocator settings from]."""
-    version = _version(torch_version)
+    version = minor_version(torch_version)
     if version >= ALLOC_CONF_FIRST:
         read: tuple[str, ...] = CONF_VARS
     elif version >= ALLOC_CONF_READ:
@@ -80,7 +80,8 @@ def program_settings(torch_version: str, environ: Mapping[str, str]) -> tuple[st
     return name, environ.get(name, "") if name is not None else ""
 
 
-def _version(torch_version: str) -> tuple[int, int]:
+def minor_version(torch_version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string; (0, 0) where it has none."""
     m = re.match(r"(\d+)\.(\d+)", torch_version)
     return (int(m.group(1)), int(m.group(2))) if m is not None else (0, 0)
 
@@ -100,7 +101,7 @@ def registration_settings(
     torch_version: str, environ: Mapping[str, str], cpus: int
 ) -> tuple[str | None, str]:
     """The allocator settings that turn the registration route on, or None; and why."""
-    version = _version(torch_version)
+    version = minor_version(torch_version)
     if version < FIRST_SAFE:
         return None, f"torch {torch_version}: before 2.8 a buffer may be freed by the wrong route"
     name, own = program_settings(torch_version, environ)

@@ -52,7 +52,7 @@ autograd's for the backward); the found pairs are behind a lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 MiB = 1 << 20
@@ -61,7 +61,7 @@ MIN_WORKSPACE = MiB  # the matrices of the probe live in the allocator's small p
 Block = tuple[int, int]  # (address, size)
 
 
-def persistent(version: tuple[int, int], env: dict[str, str]) -> bool:
+def persistent(version: tuple[int, int], env: Mapping[str, str]) -> bool:
     """Whether torch ``version`` (major, minor) keeps each (handle, stream) pair's workspace
     for the run: always before 2.15; from 2.15 only with TORCH_CUBLAS_WORKSPACE_CACHE set
     true when the process started."""

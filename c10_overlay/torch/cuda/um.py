@@ -1371,7 +1371,7 @@ def _workspace_finder() -> Any:
     """The process's Workspaces, made on first use (the hooks' install)."""
     global _workspaces
     if _workspaces is None:
-        from torch.cuda import _um_streams, _um_workspaces
+        from torch.cuda import _um_pinned, _um_streams, _um_workspaces
 
         def key() -> tuple[int, int, int] | None:
             if not torch.cuda.is_initialized():  # a CPU forward: nothing to find yet
@@ -1389,15 +1389,11 @@ def _workspace_finder() -> Any:
                 torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()
             ),
             budget=_current_budget,
-            persistent=_um_workspaces.persistent(_torch_minor(), dict(os.environ)),
+            persistent=_um_workspaces.persistent(
+                _um_pinned.minor_version(torch.__version__), os.environ
+            ),
         )
     return _workspaces
-
-
-def _torch_minor() -> tuple[int, int]:
-    """(major, minor) of the running torch."""
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int(minor)
 
 
 # Note [DDP's buckets between steps] (torch/cuda/_um_ddp.py): the process's Buckets, and
@@ -1789,9 +1785,11 @@ def _choose_nccl_process_group() -> None:
     """Note [nccl2 registers every segment] (torch/cuda/_um_interplay.py)."""
     if not is_enabled():
         return
-    from torch.cuda import _um_interplay
+    from torch.cuda import _um_interplay, _um_pinned
 
-    value, warning = _um_interplay.nccl_process_group(_torch_minor(), os.environ)
+    value, warning = _um_interplay.nccl_process_group(
+        _um_pinned.minor_version(torch.__version__), os.environ
+    )
     if value is not None:
         os.environ[_um_interplay.NCCL2] = value
     if warning is not None:

@@ -18,20 +18,12 @@ uint64_t Lookahead::key(const Range& prev, const Range& r) {
       ((static_cast<uint64_t>(prev.addr) + prev.size) * 0x9E3779B97F4A7C15ull);
 }
 
-namespace {
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-uint64_t mix(uint64_t a, uint64_t b) {
-  a ^= b + kGolden + (a << 6) + (a >> 2);
-  return a * kGolden;
-}
-} // namespace
-
 uint64_t Lookahead::keyIdAddr(const Range& prev, const Range& r) {
-  return mix(mix(prev.id, 1), mix(r.addr, r.size));
+  return hashMix(hashMix(prev.id, 1), hashMix(r.addr, r.size));
 }
 
 uint64_t Lookahead::keyAddrId(const Range& prev, const Range& r) {
-  return mix(mix(prev.addr, prev.size), mix(r.id, 2));
+  return hashMix(hashMix(prev.addr, prev.size), hashMix(r.id, 2));
 }
 
 uint64_t Lookahead::mixedMatch(const Range& prev, const Range& r) const {
@@ -179,16 +171,15 @@ uint64_t Lookahead::due(const Range& r, uint64_t k) const {
   // its next use.
   const uint64_t here = pos_ + k;
   const uint64_t from = here - shift_;
-  // Note [Counterparts]: the use a period ago at this position. The same
-  // identity at another address: the tensor moved (its block went to
-  // another tensor, or it has a new one), and the counterpart says when it
-  // is used next, not the address's own history.
-  const uint64_t c = from;
-  if (r.id != 0 && c < pos_ && held(c) && !(at(c) == r) && at(c).id == r.id &&
-      at(c).size == r.size) {
-    const uint64_t n = next_[c % hist_.size()];
+  // Note [Counterparts]: `from` holds the use a period ago at this
+  // position. The same identity at another address: the tensor moved (its
+  // block went to another tensor, or it has a new one), and the counterpart
+  // says when it is used next, not the address's own history.
+  if (r.id != 0 && from < pos_ && held(from) && !(at(from) == r) && at(from).id == r.id &&
+      at(from).size == r.size) {
+    const uint64_t n = next_[from % hist_.size()];
     counters_.counterparts += 1;
-    if (n > c && held(n) && at(n) == at(c)) {
+    if (n > from && held(n) && at(n) == at(from)) {
       return n + shift_;
     }
     return here + shift_; // not used again in the period

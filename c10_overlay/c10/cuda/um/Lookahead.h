@@ -64,18 +64,19 @@
 // tensors (of train-plain's 459 operators a step, 102 used their
 // counterpart's ranges in step 2, all from step 6; step 2 evicted twice the
 // steady bytes, 8.9 GiB of them chosen by wrong plans; step-54 lab note). So
-// each use also carries an identity: the operator and the argument's shape
-// and strides, not its address (`Range::id`, from the operator signal). Two
-// things follow.
+// each use also carries an identity: what the call looks like (each
+// argument's kind, each tensor's dtype, shape and strides) and the
+// argument's place in it, not its address (`Range::id`, from the operator
+// signal). Three things follow.
 // - Mixed transitions: where the exact transition (both addresses) has not
 //   been seen, a transition whose one side has the same address and the
 //   other the same identity matches too: the activation entering a layer's
 //   matmul is new, the layer's weight is not, so the second step's forward
 //   finds the first step's at its first layer, one period back. Identities
 //   alone would not do: the layers of a model are alike, and only the
-//   weights' addresses tell them apart; a weight's use in the backward has
-//   other strides (a transpose) or another operator than in the forward, so
-//   it does not match its forward use.
+//   weights' addresses tell them apart; a weight's use in the backward is a
+//   call of another shape (a transposed view, other arguments) than in the
+//   forward, so it does not match its forward use.
 // - Counterparts: the range used at position P on a path corresponds to the
 //   one used at P - shift, a period ago; each use links forward to the next
 //   use of its address (next_). A range whose counterpart has its identity
@@ -84,10 +85,11 @@
 //   (one period on if the counterpart was not used again); the address's own
 //   history would name another tensor's next use.
 // - Continuation: on a path, a use whose identity and its predecessor's are
-//   those of the uses a period ago continues the path there, whatever a
-//   later occurrence of its transition says. Alike layers whose blocks were
-//   handed around match each other's transitions one or more layers off,
-//   and a match taken from them would misalign every prediction after it.
+//   those of the uses a period ago continues the path there; of that and
+//   another match, the one farther back wins. Alike layers match each
+//   other's transitions one or more layers off, by handed-around blocks or,
+//   in the first period, by identities alone (a path one layer long), and a
+//   match taken from them would misalign every prediction after it.
 //
 // Pure C++ (no CUDA): tested on the CPU in tests/engine/lookahead_test.cpp.
 // Not thread-safe: the caller serialises use() per device.
@@ -100,6 +102,14 @@
 #include <vector>
 
 namespace c10::cuda::um {
+
+// Folds v into the hash h (the keys of the learned order and the identities
+// of Note [Counterparts], computed by the operator signal).
+inline uint64_t hashMix(uint64_t h, uint64_t v) {
+  constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+  h ^= v + kGolden + (h << 6) + (h >> 2);
+  return h * kGolden;
+}
 
 // Positions of the learned order, for an order by predicted use (Note [The
 // learned eviction order], Residency.h): `now` is the next position to be
@@ -116,8 +126,8 @@ class Lookahead {
     uintptr_t addr = 0;
     uint64_t size = 0;
     // What uses it, not where it is (Note [Counterparts]): a hash of the
-    // operator and the argument's shape and strides; 0 unknown. Not part of
-    // equality: the same storage is one range under every operator.
+    // call's signature and the argument's place in it; 0 unknown. Not part
+    // of equality: the same storage is one range under every operator.
     uint64_t id = 0;
     bool operator==(const Range& o) const {
       return addr == o.addr && size == o.size;

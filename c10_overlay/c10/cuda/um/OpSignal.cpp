@@ -81,47 +81,45 @@ struct Gathered {
   size_t n = 0;
   int device = -1;
 
+  size_t slots[kMaxRanges]; // each range's place among the arguments
+
   // Note [Counterparts] (Lookahead.h): what uses the storage, not where it
   // is: the call's signature (every argument's kind, and each tensor's
   // dtype, shape and strides; the operator's name is not exported to this
-  // library) and the argument's place in it.
-  static void mix(uint64_t& h, uint64_t v) {
-    h = (h ^ v) * 0x100000001B3ull + (h >> 29);
-  }
-  static void mixTensor(uint64_t& h, const at::Tensor& t) {
+  // library) and the argument's place in it. Computed only for an operator
+  // with a CUDA tensor argument: the others pay nothing for it.
+  static uint64_t tensorHash(uint64_t h, const at::Tensor& t) {
     if (!t.defined()) {
-      mix(h, 0xD0);
-      return;
+      return hashMix(h, 0xD0);
     }
-    mix(h, static_cast<uint64_t>(t.scalar_type()));
+    h = hashMix(h, static_cast<uint64_t>(t.scalar_type()));
     for (const int64_t d : t.sizes()) {
-      mix(h, static_cast<uint64_t>(d));
+      h = hashMix(h, static_cast<uint64_t>(d));
     }
-    mix(h, 0xFFFF);
+    h = hashMix(h, 0xFFFF);
     for (const int64_t d : t.strides()) {
-      mix(h, static_cast<uint64_t>(d));
-    }
-  }
-  static uint64_t signature(c10::ArrayRef<const c10::IValue> inputs) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ inputs.size();
-    for (const c10::IValue& v : inputs) {
-      mix(h, v.isTensor() ? 1 : v.isList() ? 2 : v.isInt() ? 3 : v.isDouble() ? 4
-             : v.isBool() ? 5 : v.isNone() ? 6 : 7);
-      if (v.isTensor()) {
-        mixTensor(h, v.toTensor());
-      } else if (v.isList()) {
-        mix(h, v.toListRef().size());
-      }
+      h = hashMix(h, static_cast<uint64_t>(d));
     }
     return h;
   }
-  static uint64_t identity(uint64_t sig, size_t slot) {
-    uint64_t h = sig;
-    mix(h, slot + 1);
-    return h == 0 ? 1 : h;
+  void identify(c10::ArrayRef<const c10::IValue> inputs) {
+    uint64_t sig = inputs.size();
+    for (const c10::IValue& v : inputs) {
+      sig = hashMix(sig, v.isTensor() ? 1 : v.isList() ? 2 : v.isInt() ? 3 : v.isDouble() ? 4
+                         : v.isBool() ? 5 : v.isNone() ? 6 : 7);
+      if (v.isTensor()) {
+        sig = tensorHash(sig, v.toTensor());
+      } else if (v.isList()) {
+        sig = hashMix(sig, v.toListRef().size());
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t id = hashMix(sig, slots[i] + 1);
+      ranges[i].id = id == 0 ? 1 : id; // 0 means "unknown"
+    }
   }
 
-  void add(const at::Tensor& t, uint64_t sig, size_t slot) {
+  void add(const at::Tensor& t, size_t slot) {
     if (n == kMaxRanges || !t.defined() || !t.is_cuda() || !t.has_storage()) {
       return;
     }
@@ -145,12 +143,13 @@ struct Gathered {
     } else if (dev != device) {
       return; // one device an operator: peer accesses are left to the faults
     }
-    const Lookahead::Range r{reinterpret_cast<uintptr_t>(p), size, identity(sig, slot)};
+    const Lookahead::Range r{reinterpret_cast<uintptr_t>(p), size};
     for (size_t i = 0; i < n; ++i) {
       if (ranges[i] == r) {
         return;
       }
     }
+    slots[n] = slot;
     ranges[n++] = r;
   }
 };
@@ -159,15 +158,14 @@ std::unique_ptr<at::ObserverContext> onOperator(const at::RecordFunction& fn) {
   // Nothing may escape into the operator: a signal lost costs speed only.
   try {
     Gathered g;
-    const uint64_t sig = Gathered::signature(fn.inputs());
     size_t slot = 0;
     for (const c10::IValue& v : fn.inputs()) {
       if (v.isTensor()) {
-        g.add(v.toTensor(), sig, slot);
+        g.add(v.toTensor(), slot);
       } else if (v.isList()) {
         for (const c10::IValue& e : v.toListRef()) {
           if (e.isTensor()) {
-            g.add(e.toTensor(), sig, slot);
+            g.add(e.toTensor(), slot);
           }
           ++slot;
         }
@@ -175,6 +173,7 @@ std::unique_ptr<at::ObserverContext> onOperator(const at::RecordFunction& fn) {
       ++slot;
     }
     if (g.n > 0) {
+      g.identify(fn.inputs());
       const auto stream = c10::cuda::getCurrentCUDAStream(
           static_cast<c10::DeviceIndex>(g.device));
       OpSignal::get().observe(g.device, stream.stream(), g.ranges, g.n);
