@@ -141,6 +141,7 @@ def _lion_step(torch: Any, params: list[Any], state: dict[int, Any]) -> None:
 STEP_COUNTERS = (
     "um.prefetch_bytes",
     "um.evict_bytes",
+    "um.evict_first_bytes",
     "um.cancelled_bytes",
     "um.evictor_ns",
     "um.executor_ns",

@@ -702,6 +702,39 @@ bool evictedUnusedIsCounted() {
   return true;
 }
 
+// Note [First evictions]: an eviction counts as first when the chunk's pages
+// were never in host RAM, or were discarded since; a chunk evicted before
+// does not count again.
+bool firstEvictionsAreCounted() {
+  Sim s;
+  s.lim.budget = 4 * kChunkBytes;
+  const uintptr_t a = 1ull << 32, b = 1ull << 33;
+  const uint64_t four = 4 * kChunkBytes;
+  auto counts = [&](uint64_t evicted, uint64_t first, const char* when) {
+    CHECK(s.r.counters().evict_bytes == evicted && s.r.counters().evict_first_bytes == first,
+          "%s: evicted %llu, first %llu; want %llu, %llu", when,
+          (unsigned long long)s.r.counters().evict_bytes,
+          (unsigned long long)s.r.counters().evict_first_bytes, (unsigned long long)evicted,
+          (unsigned long long)first);
+    return true;
+  };
+  if (!s.addSegment(a, four) || !s.alloc(a, four)) return false;
+  if (!s.addSegment(b, four) || !s.alloc(b, four)) return false; // a leaves: first
+  if (!counts(four, four, "a evicted")) return false;
+  if (!s.touch(a)) return false; // b leaves: first
+  if (!counts(2 * four, 2 * four, "b evicted")) return false;
+  if (!s.touch(b)) return false; // a leaves again: its pages were in host RAM
+  if (!counts(3 * four, 2 * four, "a evicted again")) return false;
+  if (!s.free(b)) return false;
+  if (!s.touch(a)) return false; // b is dead: discarded, its pages dropped
+  if (!counts(3 * four, 2 * four, "b discarded")) return false;
+  if (!s.alloc(b, four)) return false; // a leaves again
+  if (!counts(4 * four, 2 * four, "a evicted a third time")) return false;
+  if (!s.touch(a)) return false; // b leaves: first again, after its discard
+  if (!counts(5 * four, 3 * four, "b evicted after its discard")) return false;
+  return true;
+}
+
 // Note [The step's gradients are touched] (torch/cuda/_um_optim.py): a block
 // allocated once and used every step by kernels alone (DDP's gradient
 // buckets) gets no event after its allocation. The least recently used live
@@ -1374,6 +1407,7 @@ int main() {
       {"the learned order moves what does not fit", learnedOrderMovesWhatDoesNotFit},
       {"a bring-in ahead takes only room needed later", aheadTakesOnlyLaterRoom},
       {"evicted, then freed unused, is counted", evictedUnusedIsCounted},
+      {"first evictions are counted", firstEvictionsAreCounted},
       {"graph pool outputs survive frees and restores", graphPoolOutputsSurvive},
       {"a block no event touches stays evicted",
        [] { return stepTouchBringsBackAnUntouchedBlock(false); }},

@@ -170,6 +170,7 @@ class _Stats(ctypes.Structure):
             "plan_victim_bytes",
             "op_mixed",
             "op_counterparts",
+            "evict_first_bytes",
         )
     ]
 
@@ -521,8 +522,9 @@ def stats(device: DeviceLike = None) -> dict[str, int]:
     ``um.prefetches_skipped_capture``, ``um.device_budget_bytes``,
     ``um.device_total_bytes`` (this device); limits: ``um.total_managed_bytes``,
     ``um.peak_managed_bytes``, ``um.cap_refusals``, ``um.headroom_refusals``
-    (whole process); the residency policy: ``um.evict_bytes``,
-    ``um.discard_bytes``, ``um.touch_prefetch_bytes``, ``um.reuse_bytes``,
+    (whole process); the residency policy: ``um.evict_bytes`` (of them
+    ``um.evict_first_bytes``, chunks never in host RAM before: the driver's
+    slow case), ``um.discard_bytes``, ``um.touch_prefetch_bytes``, ``um.reuse_bytes``,
     ``um.cancelled_bytes`` and more; the executor's host time:
     ``um.executor_ns``, ``um.evictor_ns``, ``um.evictor_wait_ns``,
     ``um.fence_wait_ns``; the block events' own cost, sampled (one in 8 a

@@ -868,6 +868,7 @@ TorchUmStats Engine::stats(c10::DeviceIndex device) const {
   s.hold_bytes = rc.hold_bytes;
   s.plan_bytes = rc.plan_bytes;
   s.plan_victim_bytes = rc.plan_victim_bytes;
+  s.evict_first_bytes = rc.evict_first_bytes;
   s.event_samples = event_samples_.load(std::memory_order_relaxed);
   s.event_sample_ns = event_sample_ns_.load(std::memory_order_relaxed);
   const KernelCopyCounters kc = kernelCopyCounters();

@@ -446,6 +446,7 @@ void Residency::addSegment(
       counters_.place_bytes += seg.chunkSize(i);
     } else {
       c.where = Where::Host;
+      c.host_pages = true; // made in host RAM or adopted from it (Note [First evictions])
       // Fresh pages are made in host RAM (MapHost); an adopted range's are
       // there already and hold its data: it only needs the advice, which
       // lru gave the whole segment above.
@@ -575,6 +576,7 @@ uint64_t Residency::leave(
     counters_.discard_bytes += sz;
     counters_.forgotten_discard_bytes += c.stale ? sz : 0;
     c.discarded = true;
+    c.host_pages = false; // Note [First evictions]
   } else {
     // Ordered after the work queued so far on the stream of the chunk's
     // blocks (their kernels, and any discard-and-prefetch of the chunk),
@@ -584,6 +586,8 @@ uint64_t Residency::leave(
          c.evicted_in);
     counters_.evictions += 1;
     counters_.evict_bytes += sz;
+    counters_.evict_first_bytes += c.host_pages ? 0 : sz; // Note [First evictions]
+    c.host_pages = true;
     c.evicted_live = true;
   }
   setWhere(seg, i, Where::Host);

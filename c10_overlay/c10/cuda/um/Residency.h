@@ -116,6 +116,20 @@
 // each other (makeRoom's protect_tick). Without the signal nothing is
 // planned and the orders are those above.
 //
+// Note [First evictions]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The driver's eviction (a prefetch to the CPU) runs at about 3 GB/s into
+// host pages the range never had, and at 10-12 GB/s into pages it had
+// before (docs/notes/results/evict_routes-h200-2026-11-29-step54.json). Which
+// chunks an order sends out then sets the step's time as much as how many
+// bytes: an order that evicts the same chunks every step pays the fast rate,
+// one that picks chunks never evicted before pays the slow one. The engine
+// does not see the driver's pages; it counts, of evict_bytes, the bytes of
+// chunks that had not been in host RAM (evicted, or made there) or were
+// discarded since (a discard drops the pages): evict_first_bytes. A counter
+// only, to tell the two cases apart in a step's record
+// (docs/notes/step-56-first-evictions.md); no decision reads it yet.
+//
 // Note [Ranges larger than the budget]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A range (a new segment, a block handed out, a touched range) larger than
@@ -397,6 +411,9 @@ struct ResidencyCounters {
   // use, and bytes that left the device chosen by that order.
   uint64_t plan_bytes = 0;
   uint64_t plan_victim_bytes = 0;
+  // Note [First evictions]: of evict_bytes, the bytes of chunks whose pages
+  // were never in host RAM before (or were discarded since).
+  uint64_t evict_first_bytes = 0;
 };
 
 class Residency {
@@ -604,6 +621,9 @@ class Residency {
     bool held = false;
     // evicted while live and not on the device since (evicted_unused_bytes)
     bool evicted_live = false;
+    // Its pages were in host RAM before (evicted or made there) and not
+    // discarded since (Note [First evictions]).
+    bool host_pages = false;
     uint64_t evicted_in = 0; // eviction batch that last moved it to host
     uint32_t live = 0; // bytes of live blocks in this chunk
     uint64_t tick = 0; // last touch

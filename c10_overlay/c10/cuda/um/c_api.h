@@ -140,6 +140,9 @@ typedef struct TorchUmStats {
    * counterpart. */
   uint64_t op_mixed;
   uint64_t op_counterparts;
+  /* Note [First evictions] (Residency.h): of evict_bytes, the bytes of chunks
+   * whose pages had not been in host RAM before (or were discarded since). */
+  uint64_t evict_first_bytes;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
