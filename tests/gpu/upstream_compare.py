@@ -90,7 +90,9 @@ def record(c: Comparison, title: str, source: str, notes: Sequence[str]) -> str:
         lines.append(f"| {name} | " + " | ".join(str(t[o]) for o in OUTCOMES) + f" | {len(side)} |")
     lines.append("")
     regressions = c.regressions
-    if regressions:
+    if not c.totals(c.stock)[PASSED]:
+        lines.append("**Nothing to compare: no test passed on stock** (see the runs' logs).")
+    elif regressions:
         lines += [f"**{len(regressions)} test(s) passed on stock and not on +um:**", ""]
         lines += [f"- `{t}`: {c.outcome(c.um, t)}" for t in regressions]
     else:
@@ -128,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for t in c.regressions:
         print(f"  regression: {t} ({c.outcome(c.um, t)})")
+    if not c.totals(c.stock)[PASSED]:
+        print("error: no test passed on stock: nothing was compared", file=sys.stderr)
+        return 2
     return 1 if c.regressions else 0
 
 

@@ -8,11 +8,21 @@ upstream files defined it themselves). The test file stays unmodified; the name 
 that module here, before the test module is imported, with the meaning it has upstream:
 the CUDA allocator backend is cudaMallocAsync. Nothing else is changed, and where the
 wheel has the name it is left alone.
+
+The GPU host's cuDNN may be older than the one a staged wheel was built with (torch 2.15.0
+is built with cuDNN 9.26; the host has 9.19): then ``torch.backends.cudnn`` refuses to
+initialise, and ``TEST_CUDNN``, which the test file reads while its classes are defined,
+raises instead of answering, so nothing is collected. Where it would raise, it is False:
+the tests that need cuDNN are skipped, under stock and +um alike, and the reason is written
+to the file ``UPSTREAM_CONFTEST_NOTES`` names, for the record.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.testing._internal.common_cuda as common_cuda
 import torch.testing._internal.common_utils as common_utils
 
 if not hasattr(common_utils, "TEST_CUDAMALLOCASYNC"):
@@ -20,3 +30,18 @@ if not hasattr(common_utils, "TEST_CUDAMALLOCASYNC"):
         torch.cuda.is_available()
         and torch.cuda.memory.get_allocator_backend() == "cudaMallocAsync"
     )
+
+
+def _note(line: str) -> None:
+    path = os.environ.get("UPSTREAM_CONFTEST_NOTES")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+if torch.cuda.is_available():
+    try:
+        torch.backends.cudnn.is_acceptable(torch.tensor(1.0, device="cuda"))
+    except RuntimeError as e:
+        common_cuda.TEST_CUDNN = False  # type: ignore[assignment]
+        _note(f"cuDNN refused to initialise, tests that need it skipped: {str(e).split('. ')[0]}")

@@ -9,7 +9,8 @@
 # Upstream's file is never committed: it is read from UPSTREAM (default
 # .device/upstream/test_cuda-VERSION.py, git-ignored), checked against the sha256 file
 # beside it (VERSION.py.sha256, sha256sum's format); the .source file beside it, if any,
-# names the upstream commit it was taken from and goes into the record.
+# names the upstream commit it was taken from and goes into the record. The wheels its test
+# helpers need that the host lacks lie beside it too, pinned in tests/gpu/upstream_deps.txt.
 #
 # Staging is tests/gpu/run_on_device.sh's: the +um torch from BUNDLE, the stock reference the
 # host's torch (or, with TORCH_WHEEL, both from that wheel, as run_version_on_device.sh sets
@@ -32,6 +33,7 @@ BUNDLE=${BUNDLE:-.device/inject}
 OUT=${OUT:-.device/out}
 PY=${PYTHON:-python3}
 PER_RUN_S=${PER_RUN_S:-225}
+DEPS=${UPSTREAM_DEPS:-tests/gpu/upstream_deps.txt}
 SUBSET="memory or caching or graph or stream or pinned or oom or fraction or snapshot or empty_cache or allocator or mempool or Absorption or expandable or fuzz"
 
 fail() { echo "upstream_test_cuda.sh: $*" >&2; exit 2; }
@@ -55,6 +57,17 @@ mkdir -p "$STAGE/tests"
 cp "$UPSTREAM" "$STAGE/tests/test_cuda.py"
 # Names a newer upstream file imports that this wheel lacks (tests/gpu/upstream_conftest.py).
 cp tests/gpu/upstream_conftest.py "$STAGE/tests/conftest.py"
+# Wheels upstream's test helpers import that the host lacks ($DEPS), each beside the test file,
+# checked against its pin and unpacked into the stage (by python3's zipfile: a tool, not the
+# interpreter under test).
+while read -r wheel pin; do
+  case "$wheel" in ''|'#'*) continue ;; esac
+  have=""
+  [ -f "$(dirname "$UPSTREAM")/$wheel" ] && have=$(sha256sum "$(dirname "$UPSTREAM")/$wheel" | awk '{print $1}')
+  [ -n "$have" ] || fail "no $(dirname "$UPSTREAM")/$wheel ($DEPS says how to fetch it)"
+  [ "$have" = "$pin" ] || fail "$wheel has sha256 $have, $DEPS pins $pin"
+  python3 -m zipfile -e "$(dirname "$UPSTREAM")/$wheel" "$STAGE/pylib" || fail "cannot unpack $wheel"
+done < "$DEPS"
 
 STOCK_PYTHONPATH=${PYTHONPATH:-}
 STAGE_ARGS=()
@@ -71,6 +84,10 @@ UM_PYTHONPATH="$STAGE/site${STOCK_PYTHONPATH:+:$STOCK_PYTHONPATH}"
 if ! "$PY" -c "import pytest" 2>/dev/null; then
   STOCK_PYTHONPATH="$STOCK_PYTHONPATH${STOCK_PYTHONPATH:+:}$BUNDLE/pylib"
   UM_PYTHONPATH="$UM_PYTHONPATH:$BUNDLE/pylib"
+fi
+if [ -d "$STAGE/pylib" ]; then
+  STOCK_PYTHONPATH="$STOCK_PYTHONPATH${STOCK_PYTHONPATH:+:}$STAGE/pylib"
+  UM_PYTHONPATH="$UM_PYTHONPATH:$STAGE/pylib"
 fi
 
 # Which torch each run imports, and the +um run's cap: 80 % of free memory now.
@@ -95,12 +112,16 @@ mods |= {n.module.split('.')[0] for n in tree.body if isinstance(n, ast.ImportFr
 missing = sorted(m for m in mods if importlib.util.find_spec(m) is None)
 sys.exit(f'upstream_test_cuda.sh: modules upstream imports are missing here: {missing}' if missing else 0)" \
   || exit 2
+# ... and those of torch's own test helpers, which the conftest imports first.
+PYTHONPATH="$STOCK_PYTHONPATH" "$PY" -c "import torch.testing._internal.common_utils" 2> "$OUT/upstream-imports.log" \
+  || fail "torch.testing._internal.common_utils does not import: $(tail -1 "$OUT/upstream-imports.log") (pin the wheel it lacks in $DEPS, beside the test file)"
 
 source tests/gpu/owned.sh
 run() {  # NAME PYTHONPATH [VAR=VALUE...]
   local name=$1 pp=$2
   shift 2
-  (cd "$STAGE/tests" && owned "$OUT/upstream-$name.log" env PYTHONPATH="$pp" PYTHONUNBUFFERED=1 "$@" \
+  (cd "$STAGE/tests" && owned "$OUT/upstream-$name.log" env PYTHONPATH="$pp" PYTHONUNBUFFERED=1 \
+    UPSTREAM_CONFTEST_NOTES="$STAGE/notes-$name" "$@" \
     timeout -s INT -k 15 "$PER_RUN_S" "$PY" -m pytest test_cuda.py -k "$SUBSET" -p no:xdist \
     -p no:cacheprovider -q -rfE --junitxml="$OUT/upstream-$name.xml" -o junit_family=xunit2 \
     -o faulthandler_timeout=120)
@@ -120,4 +141,6 @@ secs=$(( $(date +%s) - start ))
   --note "the upstream file unmodified; tests/gpu/upstream_conftest.py gives torch.testing._internal.common_utils the names a newer upstream file imports that the wheel lacks (TEST_CUDAMALLOCASYNC)" \
   --note "stock: $STOCK_INFO" \
   --note "+um: $UM_INFO; PYTORCH_CUDA_UM_CONF=max_managed:$CAP (80 % of $FREE bytes free at start)" \
+  --note "the conftest, stock: $(cat "$STAGE/notes-stock" 2>/dev/null || echo nothing changed)" \
+  --note "the conftest, +um: $(cat "$STAGE/notes-um" 2>/dev/null || echo nothing changed)" \
   --note "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"

@@ -64,3 +64,17 @@ def test_an_unreadable_report_is_one_clear_error(tmp_path: Path, capsys: pytest.
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot read the junit report") and "u.xml" in err
+
+
+def test_a_run_where_nothing_passed_on_stock_compares_nothing(tmp_path: Path) -> None:
+    erred = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="1">
+<testcase classname="" name="test_cuda"><error message="collection failed"/></testcase>
+</testsuite></testsuites>
+"""
+    s, u = _write(tmp_path, erred, erred)
+    out = tmp_path / "record.md"
+    assert cmp.main(["--stock", str(s), "--um", str(u), "--out", str(out)]) == 2
+    text = out.read_text()
+    assert "Nothing to compare: no test passed on stock" in text
+    assert "Every test that passed on stock passed on +um" not in text

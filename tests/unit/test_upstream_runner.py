@@ -48,6 +48,13 @@ def setup(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "test_cuda-2.11.0.py.sha256").write_text(f"{digest}  test_cuda-2.11.0.py\n")
     (tmp_path / "test_cuda-2.11.0.py.source").write_text("pytorch/pytorch at abc\n")
     (tmp_path / "bundle" / "files").mkdir(parents=True)
+    # A wheel upstream's helpers need, pinned in a deps list of the test's own.
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "helper-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("helper/__init__.py", "")
+    pin = hashlib.sha256((tmp_path / "helper-1.0-py3-none-any.whl").read_bytes()).hexdigest()
+    (tmp_path / "deps.txt").write_text(f"# a comment\nhelper-1.0-py3-none-any.whl  {pin}\n")
     py = tmp_path / "python3"
     py.write_text(STAND_IN)
     py.chmod(0o755)
@@ -61,6 +68,7 @@ def setup(tmp_path: Path) -> dict[str, str]:
         OUT=str(tmp_path / "out"),
         PYTHONPATH="",
         TMPDIR=str(tmp_path),
+        UPSTREAM_DEPS=str(tmp_path / "deps.txt"),
     )
     return env
 
@@ -85,6 +93,16 @@ def test_both_runs_are_made_and_compared(setup: dict[str, str]) -> None:
     record = (out / "upstream-test_cuda-2.11.0.md").read_text()
     assert "- `test_cuda.TestCuda::test_graph`: failed" in record
     assert "pytorch/pytorch at abc" in record and "max_managed:800" in record
+    assert all("/pylib" in c for c in (stock, um))  # the pinned helper wheel, unpacked
+
+
+def test_a_helper_wheel_that_differs_from_its_pin_is_refused(setup: dict[str, str]) -> None:
+    wheel = Path(setup["UPSTREAM"]).parent / "helper-1.0-py3-none-any.whl"
+    wheel.write_bytes(wheel.read_bytes() + b"x")
+    proc = _run(setup)
+    assert proc.returncode == 2
+    assert "helper-1.0-py3-none-any.whl has sha256" in proc.stderr and "pins" in proc.stderr
+    assert not Path(setup["CALLS"]).exists()
 
 
 def test_a_changed_upstream_file_is_refused(setup: dict[str, str]) -> None:
