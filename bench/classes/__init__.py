@@ -24,6 +24,8 @@ Modes:
   um           this engine at the budget, its defaults (the operator use signal on)
   um-nosignal  this engine at the budget with op_signal:False: what the signal adds
   um-ahead     this engine at the budget with op_lookahead:1GiB: what the lookahead adds
+  um-warm      this engine at the budget with evict_warm_first:True: victims whose host
+               pages exist first (Note [First evictions])
 
 Every UM worker caps total managed memory at 80 % of the free memory it reads at start
 (bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
@@ -48,13 +50,14 @@ from typing import Any
 from bench import common
 
 CLASSES = ("train-plain", "train-custom-opt", "pattern-change")
-MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead")
+MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead", "um-warm")
 PREV = "um-prev"
 UM_CONF = {
     "um-prev": "",
     "um": "",
     "um-nosignal": "op_signal:False",
     "um-ahead": "op_lookahead:1GiB",
+    "um-warm": "evict_warm_first:True",
 }
 LAYERS = 24
 WIDTH = 8192
@@ -369,6 +372,7 @@ def main() -> int:
         "um": args.um_pythonpath,
         "um-nosignal": args.um_pythonpath,
         "um-ahead": args.um_pythonpath,
+        "um-warm": args.um_pythonpath,
     }
     worker_args = [args.klass, "--steps", str(args.steps), "--budget", args.budget]
     cases = [(m, worker_args) for m in ("link", *modes)]

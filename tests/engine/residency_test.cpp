@@ -735,6 +735,39 @@ bool firstEvictionsAreCounted() {
   return true;
 }
 
+// Note [First evictions]: with warm_first, of the planned chunks due after the
+// window, one whose pages were in host RAM leaves before a farther one whose
+// pages never were; without it the farthest leaves, whatever its pages.
+bool warmVictimsLeaveFirst() {
+  for (const bool warm_first : {false, true}) {
+    Sim s;
+    s.lim.budget = 4 * kChunkBytes;
+    s.lim.warm_first = warm_first;
+    const uintptr_t base = s.next_base;
+    if (!s.addSegment(base, 8 * kChunkBytes)) return false;
+    const uintptr_t w = base, c1 = base + kChunkBytes, c2 = base + 2 * kChunkBytes,
+                    c3 = base + 3 * kChunkBytes, x = base + 4 * kChunkBytes;
+    for (uintptr_t r : {w, c1, c2, c3, x}) { // x evicts w, the least recently touched
+      if (!s.alloc(r, kChunkBytes) || !s.touch(r)) return false;
+    }
+    if (!s.touch(w)) return false; // w comes back, c1 leaves
+    CHECK(s.r.whereIs(c1) == Where::Host && s.r.whereIs(w) == Where::Device, "setup");
+    s.r.setPlanClock(0, PlanClock{100, 100});
+    if (!s.plan(w, 300) || !s.plan(c2, 400) || !s.plan(c3, 200) || !s.plan(x, 150)) {
+      return false;
+    }
+    const uint64_t first = s.r.counters().evict_first_bytes;
+    if (!s.touch(c1)) return false; // room for c1: w (warm, 300) or c2 (cold, 400)
+    const uintptr_t gone = warm_first ? w : c2, kept = warm_first ? c2 : w;
+    CHECK(s.r.whereIs(gone) == Where::Host && s.r.whereIs(kept) == Where::Device,
+          "warm_first %d: the wrong chunk left", warm_first ? 1 : 0);
+    CHECK((s.r.counters().evict_first_bytes == first) == warm_first,
+          "warm_first %d: first evictions %llu -> %llu", warm_first ? 1 : 0,
+          (unsigned long long)first, (unsigned long long)s.r.counters().evict_first_bytes);
+  }
+  return true;
+}
+
 // Note [The step's gradients are touched] (torch/cuda/_um_optim.py): a block
 // allocated once and used every step by kernels alone (DDP's gradient
 // buckets) gets no event after its allocation. The least recently used live
@@ -1408,6 +1441,7 @@ int main() {
       {"a bring-in ahead takes only room needed later", aheadTakesOnlyLaterRoom},
       {"evicted, then freed unused, is counted", evictedUnusedIsCounted},
       {"first evictions are counted", firstEvictionsAreCounted},
+      {"warm victims leave first", warmVictimsLeaveFirst},
       {"graph pool outputs survive frees and restores", graphPoolOutputsSurvive},
       {"a block no event touches stays evicted",
        [] { return stepTouchBringsBackAnUntouchedBlock(false); }},

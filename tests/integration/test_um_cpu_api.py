@@ -29,7 +29,8 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
-    "op_signal, op_lookahead, predict, predict_lookahead, predict_copy_sms, predict_copy_kernel, predict_stage_kernel, "
+    "op_signal, op_lookahead, evict_warm_first, predict, predict_lookahead, predict_copy_sms, "
+    "predict_copy_kernel, predict_stage_kernel, "
     "predict_ddp_buckets, read_copies, host_alloc, host_alloc_min, host_copy_kernel, "
     "host_copy_cpu_share, pageable_copy_cpu, pin_in_place."
 )
@@ -40,6 +41,7 @@ RESIDENCY = {
     "hooks": "True",
     "op_signal": "True",
     "op_lookahead": "0",
+    "evict_warm_first": "False",
     "predict": "True",
     "predict_lookahead": str(1 << 30),
     "predict_copy_sms": "auto",

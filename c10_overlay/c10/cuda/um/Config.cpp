@@ -14,7 +14,8 @@ namespace {
 
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
-    "discard, hooks, op_signal, op_lookahead, predict, predict_lookahead, predict_copy_sms, "
+    "discard, hooks, op_signal, op_lookahead, evict_warm_first, predict, predict_lookahead, "
+    "predict_copy_sms, "
     "predict_copy_kernel, predict_stage_kernel, predict_ddp_buckets, "
     "read_copies, host_alloc, "
     "host_alloc_min, host_copy_kernel, host_copy_cpu_share, pageable_copy_cpu, "
@@ -193,6 +194,8 @@ std::string Config::str() const {
   s += ",op_signal:";
   s += op_signal ? "True" : "False";
   s += ",op_lookahead:" + std::to_string(op_lookahead);
+  s += ",evict_warm_first:";
+  s += evict_warm_first ? "True" : "False";
   s += ",predict:";
   s += predict ? "True" : "False";
   s += ",predict_lookahead:" + std::to_string(predict_lookahead);
@@ -259,6 +262,8 @@ Config parseConfig(
       cfg.op_signal = parseBool(key, value, source);
     } else if (key == "op_lookahead") {
       cfg.op_lookahead = requireBytes(key, value, source);
+    } else if (key == "evict_warm_first") {
+      cfg.evict_warm_first = parseBool(key, value, source);
     } else if (key == "predict_ddp_buckets") {
       cfg.predict_ddp_buckets = parseBool(key, value, source);
     } else if (key == "predict_lookahead") {

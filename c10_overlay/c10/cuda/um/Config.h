@@ -63,6 +63,11 @@ struct Config {
   // 0.55-0.68 s a step without it, 0.93-1.50 with 1 GiB; step 54).
   bool op_signal = true;
   uint64_t op_lookahead = 0;
+  // Of the planned chunks due after the lookahead's window, those whose pages
+  // were in host RAM before leave first: the driver evicts into pages a range
+  // never had at about a third of the speed (Note [First evictions],
+  // Residency.h). Off until measured against the plain order (step 56).
+  bool evict_warm_first = false;
   // The most SMs the weight streamer's copies (Note [Weight streaming]) hold:
   // a copy kernel holds its SMs while it waits on the link, and the forward's
   // kernels beside it keep the rest. With foreach, the copies run on a stream

@@ -112,6 +112,7 @@ DeviceLimits Engine::limits(int device, bool capturing) const {
       : 0;
   lim.discard = cfg_.discard && compat::kHasDiscard;
   lim.read_copies = cfg_.read_copies;
+  lim.warm_first = cfg_.evict_warm_first;
   return lim;
 }
 

@@ -52,7 +52,7 @@ std::string formatTrace(const TraceRecord& r) {
       static_cast<int>(r.flag), static_cast<int>(r.adopted),
       r.policy == Policy::Lru ? 1 : 0, r.limits.budget,
       static_cast<int>(r.limits.can_act), static_cast<int>(r.limits.discard),
-      static_cast<int>(r.limits.read_copies));
+      static_cast<int>(r.limits.read_copies) | (r.limits.warm_first ? 2 : 0));
   std::string out(line, static_cast<size_t>(n));
   if (r.needed_at != 0) {
     out += " " + std::to_string(r.needed_at); // a bring-in ahead
@@ -94,7 +94,8 @@ bool parseTrace(std::string_view line, TraceRecord& r) {
   r.policy = policy == 1 ? Policy::Lru : Policy::Static;
   r.limits.can_act = can_act != 0;
   r.limits.discard = discard != 0;
-  r.limits.read_copies = copies != 0;
+  r.limits.read_copies = (copies & 1) != 0;
+  r.limits.warm_first = (copies & 2) != 0;
   return true;
 }
 

@@ -5,10 +5,11 @@
 // that makes the engine then writes PATH.<pid>, one line per call:
 //
 //   <op> <addr> <size> <device> <stream> <flag> <adopted> <policy>
-//        <budget> <can_act> <discard> <read_copies>
+//        <budget> <can_act> <discard> <flags>
 //
 // op is TraceRecord::Op's letter, addr and stream are hexadecimal, the rest
-// decimal; policy is 0 for static, 1 for lru. A plan (P) carries its due
+// decimal; policy is 0 for static, 1 for lru; flags: 1 read_copies, 2
+// warm_first (DeviceLimits). A plan (P) carries its due
 // position in the budget's field, the signal's clock (K) its positions in
 // addr (now) and size (window); a touch ahead of its use (T) has one more
 // field, the position of that use. A diagnostic for the team, not

@@ -178,13 +178,17 @@ Residency::OrderKind Residency::orderOf(const Segment& seg, size_t i) const {
   if (seg.chunks[i].scan) {
     return OrderKind::Scan;
   }
-  return seg.chunks[i].due != 0 ? OrderKind::Planned : OrderKind::Live;
+  if (seg.chunks[i].due == 0) {
+    return OrderKind::Live;
+  }
+  return seg.chunks[i].host_pages ? OrderKind::Planned : OrderKind::PlannedCold;
 }
 
 Residency::Order& Residency::order(DeviceLru& d, OrderKind kind) {
   return kind == OrderKind::Dead  ? d.dead
       : kind == OrderKind::Scan     ? d.scan
       : kind == OrderKind::Planned  ? d.planned
+      : kind == OrderKind::PlannedCold ? d.planned_cold
                                     : d.live;
 }
 
@@ -509,17 +513,33 @@ uint64_t Residency::makeRoom(
     auto usable = [&](const Order& s) {
       return !s.empty() && s.begin()->first < protect_tick;
     };
-    const Order& p = d.planned;
+    // The planned chunks, in two orders by their pages (Note [First
+    // evictions]): the soonest due of both, and the farthest, of both or,
+    // with warm_first, of the warm ones where one is due after the window.
+    const Order& w = d.planned;
+    const Order& cold = d.planned_cold;
+    const Order* soonest = w.empty() ? &cold
+        : cold.empty()               ? &w
+        : *w.begin() < *cold.begin() ? &w
+                                     : &cold;
+    const Order* farthest = w.empty() ? &cold
+        : cold.empty()                ? &w
+        : *cold.rbegin() < *w.rbegin() ? &w
+                                       : &cold;
+    const uint64_t after = std::max(d.clock.window, needed_at);
+    if (limits.warm_first && !w.empty() && w.rbegin()->first > after) {
+      farthest = &w;
+    }
     uintptr_t addr = 0;
     bool by_plan = false;
     if (usable(d.dead)) {
       addr = dead_choice_ == nullptr ? d.dead.begin()->second
                                      : chooseDead(d.dead, protect_tick);
-    } else if (!p.empty() && p.begin()->first < d.clock.now) {
-      addr = p.begin()->second;
+    } else if (!soonest->empty() && soonest->begin()->first < d.clock.now) {
+      addr = soonest->begin()->second;
       by_plan = true;
-    } else if (!p.empty() && p.rbegin()->first > std::max(d.clock.window, needed_at)) {
-      addr = p.rbegin()->second;
+    } else if (!farthest->empty() && farthest->rbegin()->first > after) {
+      addr = farthest->rbegin()->second;
       by_plan = true;
     } else if (needed_at != 0) {
       break; // a bring-in ahead takes nothing needed before it
@@ -532,8 +552,8 @@ uint64_t Residency::makeRoom(
       addr = std::prev(it)->second;
     } else if (usable(d.live)) {
       addr = d.live.begin()->second;
-    } else if (!p.empty()) {
-      addr = p.rbegin()->second;
+    } else if (!farthest->empty()) {
+      addr = farthest->rbegin()->second;
       by_plan = true;
     } else {
       break;
@@ -643,6 +663,7 @@ uint64_t Residency::bringIn(
         emit(out, seg.base, Action::PlaceOnHost, seg.chunkAddr(i), sz,
              seg.device, stream, c.evicted_in);
         c.discarded = false;
+        c.host_pages = true; // Note [First evictions]
       }
       c.stale = false; // in host RAM: in no order
       continue;
@@ -663,6 +684,7 @@ uint64_t Residency::bringIn(
       emit(out, seg.base, Action::DiscardAndPrefetch, clo, sz, seg.device,
            stream, c.evicted_in);
       counters_.reuse_bytes += sz;
+      c.host_pages = false; // the discard drops its pages (Note [First evictions])
     } else if (read_only && !dead_content && host_valid) {
       // Note [Read-only duplicates]
       emit(out, seg.base, Action::DuplicateToDevice, clo, sz, seg.device,
@@ -912,7 +934,8 @@ uint64_t Residency::plan(uintptr_t addr, uint64_t size, uint64_t due) {
     // read-only scan keeps Note [Scans]' order, dead ones leave first anyway.
     const OrderKind now = orderOf(*seg, i);
     if (c.due == due ||
-        (now != OrderKind::Live && now != OrderKind::Planned)) {
+        (now != OrderKind::Live && now != OrderKind::Planned &&
+         now != OrderKind::PlannedCold)) {
       continue;
     }
     unlink(*seg, i);
@@ -1145,11 +1168,12 @@ std::string Residency::checkInvariants() const {
       }
     }
     if (a.ordered && (a.live != e.live || a.scan != e.scan || a.dead != e.dead ||
-                      a.planned != e.planned)) {
+                      a.planned != e.planned || a.planned_cold != e.planned_cold)) {
       return "device " + std::to_string(dev) + ": eviction order out of date";
     }
     if (!a.ordered &&
-        !(a.live.empty() && a.scan.empty() && a.dead.empty() && a.planned.empty())) {
+        !(a.live.empty() && a.scan.empty() && a.dead.empty() && a.planned.empty() &&
+          a.planned_cold.empty())) {
       return "device " + std::to_string(dev) + ": orders hold chunks before they are built";
     }
     if (a.dead_bytes != e.dead_bytes) {

@@ -124,11 +124,17 @@
 // chunks an order sends out then sets the step's time as much as how many
 // bytes: an order that evicts the same chunks every step pays the fast rate,
 // one that picks chunks never evicted before pays the slow one. The engine
-// does not see the driver's pages; it counts, of evict_bytes, the bytes of
-// chunks that had not been in host RAM (evicted, or made there) or were
-// discarded since (a discard drops the pages): evict_first_bytes. A counter
-// only, to tell the two cases apart in a step's record
-// (docs/notes/step-56-first-evictions.md); no decision reads it yet.
+// does not see the driver's pages; it keeps, for each chunk, whether they
+// were in host RAM (evicted, or made there) and not discarded since (a
+// discard, with or without a prefetch, drops the pages), and counts, of
+// evict_bytes, the bytes of chunks without: evict_first_bytes. In step 56's
+// plain-tensor step the learned order sent 0.81 GiB a step of such first
+// evictions out and the order before it none, at two thirds of its eviction
+// rate (docs/notes/step-56-first-evictions.md). So the planned chunks are kept
+// in two orders by their pages, and with the evict_warm_first setting the
+// ones whose pages exist leave first among those due after the window (the
+// others only when none of those is left); without it, the farthest of
+// both, as one order. Off until a run measures it against the plain order.
 //
 // Note [Ranges larger than the budget]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -333,6 +339,10 @@ struct DeviceLimits {
   // Note [Read-only duplicates]); without it they only mark a scan (Note
   // [Scans])
   bool read_copies = false;
+  // Note [First evictions]: of the planned chunks due after the window, those
+  // whose pages were in host RAM before leave first (the evict_warm_first
+  // setting).
+  bool warm_first = false;
 };
 
 
@@ -607,7 +617,9 @@ class Residency {
   using Key = std::pair<uint64_t, uintptr_t>;
   using Order = std::set<Key>;
   // Which of its device's orders (DeviceLru) a chunk is in.
-  enum class OrderKind : uint8_t { None, Live, Scan, Dead, Planned };
+  // Planned and PlannedCold: chunks with a predicted next use whose pages
+  // were (or were not) in host RAM before (Note [First evictions]).
+  enum class OrderKind : uint8_t { None, Live, Scan, Dead, Planned, PlannedCold };
   struct Chunk {
     Where where = Where::Unplaced;
     bool discarded = false; // pages dropped: must be placed before a write
@@ -674,8 +686,11 @@ class Residency {
     Order scan; // of those, the ones last touched read-only
     Order dead; // device-resident chunks with no live bytes
     // live chunks with a predicted next use, keyed by it (Note [The learned
-    // eviction order]), and the signal's positions
+    // eviction order]): those whose pages were in host RAM before, and those
+    // whose pages never were (Note [First evictions]); and the signal's
+    // positions
     Order planned;
+    Order planned_cold;
     PlanClock clock;
     uint64_t bytes[3] = {0, 0, 0}; // by Where
     // The bytes of the chunks in `dead`, kept by link/unlink, so that
@@ -718,7 +733,8 @@ class Residency {
   // A chunk's key in its order: (due, address) in `planned`, else (tick,
   // address).
   static Key keyOf(const Segment& seg, size_t i, OrderKind kind) {
-    return Key{kind == OrderKind::Planned ? seg.chunks[i].due : seg.chunks[i].tick,
+    const bool planned = kind == OrderKind::Planned || kind == OrderKind::PlannedCold;
+    return Key{planned ? seg.chunks[i].due : seg.chunks[i].tick,
                seg.chunkAddr(i)};
   }
   // Sets a chunk's live bytes; `retick` also makes it the most recent.
