@@ -1298,9 +1298,11 @@ bool recordedTraceReplaysTheSameDecisions() {
   for (const auto& [addr, size] : s.live) {
     if (addr != bucket && !s.plan(addr, 1100 + (addr >> 21) % 50)) return false;
   }
-  // A budget the live chunks on the device fill: room comes from the plan.
+  // A budget the live chunks on the device fill: room comes from the plan,
+  // warm chunks first (Note [First evictions]: the flag travels in the trace).
   const uint64_t budget = s.lim.budget;
   s.lim.budget = s.r.bytesOn(0, Where::Device) - s.r.deadOnDevice(0);
+  s.lim.warm_first = true;
   for (const auto& [addr, size] : s.live) {
     if (addr == bucket || s.r.whereIs(addr) != Where::Host) continue;
     std::vector<Action> out;
@@ -1308,6 +1310,7 @@ bool recordedTraceReplaysTheSameDecisions() {
     if (!s.apply(out, 0) || !s.invariants("ahead")) return false;
   }
   s.lim.budget = budget;
+  s.lim.warm_first = false;
   if (!s.removeSegment(bucket)) {
     return false;
   }
@@ -1326,6 +1329,9 @@ bool recordedTraceReplaysTheSameDecisions() {
   }
   CHECK(ops == std::set<char>({'S', 'R', 'A', 'F', 'T', 'G', 'P', 'K'}), "%zu kinds of record",
         ops.size());
+  CHECK(std::any_of(sink.records.begin(), sink.records.end(),
+                    [](const TraceRecord& r) { return r.limits.warm_first; }),
+        "no record carries warm_first");
   CHECK(std::any_of(sink.records.begin(), sink.records.end(),
                     [](const TraceRecord& r) { return r.needed_at != 0; }),
         "no touch ahead recorded");
