@@ -23,7 +23,11 @@ default), without the engine:
   from 32 MiB a remap costs less than the copy, step 56);
 - eviction as an engine would run it: each granule copied while the one before is remapped,
   alone and beside 40 products of 8192 x 8192 bf16 matrices on another stream, with the
-  products' own time beside it (do remaps slow the GPU's work?).
+  products' own time beside it (do remaps slow the GPU's work?);
+- what a remap is made of (unmap, map, set access, each a granule), whether one unmap and
+  one access call over many granules cost less than one each (the ledger's chunks are 2 MiB,
+  and a mapping is always a whole physical allocation), and whether remaps from four threads
+  run side by side.
 
 Run on the GPU host (the stock torch finds the CUDA libraries and launches the kernels):
 
@@ -104,6 +108,8 @@ class Driver:
         self.cu.cuMemAddressFree.argtypes = [u64, size]
         self.cu.cuMemcpyAsync.argtypes = [u64, u64, size, ctypes.c_void_p]
         self.cu.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        self.cu.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self.cu.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
 
     def check(self, err: int, what: str) -> None:
         if err != 0:
@@ -140,11 +146,24 @@ class Driver:
         return p.value
 
     def map(self, va: int, handle: int) -> None:
+        self.map_only(va, handle)
+        self.access(va, self.granule)
+
+    def map_only(self, va: int, handle: int) -> None:
         self.check(self.cu.cuMemMap(va, self.granule, 0, handle, 0), "cuMemMap")
+
+    def access(self, va: int, nbytes: int) -> None:
+        """Read and write access for the device over [va, va + nbytes), one call."""
         desc = AccessDesc(Location(LOC_DEVICE, self.device), ACCESS_RW)
-        self.check(
-            self.cu.cuMemSetAccess(va, self.granule, ctypes.byref(desc), 1), "cuMemSetAccess"
-        )
+        self.check(self.cu.cuMemSetAccess(va, nbytes, ctypes.byref(desc), 1), "cuMemSetAccess")
+
+    def current_context(self) -> int:
+        ctx = ctypes.c_void_p()
+        self.check(self.cu.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        return ctx.value or 0
+
+    def make_current(self, ctx: int) -> None:
+        self.check(self.cu.cuCtxSetCurrent(ctypes.c_void_p(ctx)), "cuCtxSetCurrent")
 
     def unmap(self, va: int) -> None:
         self.check(self.cu.cuMemUnmap(va, self.granule), "cuMemUnmap")
@@ -284,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             float(data.sum(dtype=torch.float64)) == expect
         )
         torch.cuda.synchronize()
+
         # Eviction as an engine would run it (step 56): granule i copied by the copy
         # engine while granule i-1, whose copy is done, is remapped by this thread; alone,
         # and beside a stream of matrix products (a step's compute) on another stream.
@@ -331,6 +351,69 @@ def main(argv: list[str] | None = None) -> int:
         rows["pipelined eviction beside the products GB/s"] = n / evict_s / 1e9
         rows["a kernel reads the address right after the pipeline beside products"] = (
             float(data.sum(dtype=torch.float64)) == expect
+        )
+        remap_to_device()
+        torch.cuda.synchronize()
+
+        # What a remap's time is made of, and whether it batches or spreads: each part
+        # granule by granule, then one unmap and one access call over the whole range, then
+        # the remaps split over four threads (ctypes lets go of the GIL in each call).
+        def each(fn: Callable[[int], None]) -> float:
+            t0 = time.perf_counter()
+            for i in range(chunks):
+                fn(i)
+            return float((time.perf_counter() - t0) / chunks * 1e6)
+
+        torch.cuda.synchronize()
+        rows["unmap us a granule"] = each(lambda i: cu.unmap(va + i * granule))
+        rows["map us a granule"] = each(lambda i: cu.map_only(va + i * granule, host[i]))
+        rows["set access us a granule"] = each(lambda i: cu.access(va + i * granule, granule))
+        rows["a kernel reads the address right after the parts"] = (
+            float(data.sum(dtype=torch.float64)) == expect
+        )
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        whole = cu.cu.cuMemUnmap(va, n)
+        rows["one unmap over every granule us a granule"] = (
+            (time.perf_counter() - t0) / chunks * 1e6 if whole == 0 else f"refused ({whole})"
+        )
+        if whole != 0:
+            each(lambda i: cu.unmap(va + i * granule))
+        each(lambda i: cu.map_only(va + i * granule, dev[i]))
+        t0 = time.perf_counter()
+        cu.access(va, n)
+        rows["one access call over every granule us a granule"] = (
+            (time.perf_counter() - t0) / chunks * 1e6
+        )
+        rows["a kernel reads the address right after the batched calls"] = (
+            float(data.sum(dtype=torch.float64)) == expect
+        )
+        import threading
+
+        ctx = cu.current_context()
+        failures: list[str] = []
+
+        def remap_part(k: int, threads: int) -> None:
+            try:
+                cu.make_current(ctx)
+                for i in range(k, chunks, threads):
+                    cu.unmap(va + i * granule)
+                    cu.map(va + i * granule, host[i])
+            except RuntimeError as e:
+                failures.append(str(e))
+
+        torch.cuda.synchronize()
+        workers = [threading.Thread(target=remap_part, args=(k, 4)) for k in range(4)]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        rows["remap to host from 4 threads us a granule"] = (
+            (time.perf_counter() - t0) / chunks * 1e6 if not failures else failures[0]
+        )
+        rows["a kernel reads the address right after the threads' remaps"] = (
+            not failures and float(data.sum(dtype=torch.float64)) == expect
         )
         remap_to_device()
         torch.cuda.synchronize()
