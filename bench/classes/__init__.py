@@ -2,7 +2,7 @@
 each step's time from the first, by stock torch in memory, the previous engine and this
 one, with the PCIe floor measured in the same run.
 
-    python -m bench.classes {train-plain,train-custom-opt,pattern-change}
+    python -m bench.classes CLASS
         --stock-pythonpath STOCK --um-pythonpath UM [--prev-pythonpath PREV]
         [--rounds 1] [--steps 8] [--budget SIZE] [--modes a,b,...] [--out DIR]
 
@@ -17,6 +17,21 @@ trained by a Lion-style update written by hand (not a ``torch.optim`` class).
 ``pattern-change``: ``train-plain`` steps, then ``no_grad`` forwards on a batch of half
 the rows, then training again: each step's time shows how the engine follows a pattern
 that changes and comes back.
+
+``train-ddp-default``: ``train-custom-opt``'s layers under ``DistributedDataParallel``
+with its default arguments (world size 1, NCCL; gradients copied into its own buckets),
+trained by ``torch.optim.SGD`` with momentum.
+
+``train-compiled``: the same layers under ``torch.compile`` (default mode), trained by
+``torch.optim.SGD`` with momentum; the first step includes the compilation.
+
+``train-encdec``: an encoder-decoder of about 1.07 B parameters, transformers'
+``BartForConditionalGeneration`` (d_model 2048, 10 + 10 layers, FFN 6144, vocabulary
+32000, bf16, dropout 0), built on the GPU from a fixed seed (nothing downloaded), on
+16 x 1024 tokens in and out, trained by ``torch.optim.AdamW``.
+
+Budgets by default: 6 GiB (the plain layers' classes), 8 GiB (``train-encdec``); the table
+prints stock's peak beside the budget, so that a run can check it is about a third.
 
 Modes:
   stock        stock torch, in memory, no limit (the floor's compute part and the outputs)
@@ -49,7 +64,14 @@ from typing import Any
 
 from bench import common
 
-CLASSES = ("train-plain", "train-custom-opt", "pattern-change")
+CLASSES = (
+    "train-plain",
+    "train-custom-opt",
+    "pattern-change",
+    "train-ddp-default",
+    "train-compiled",
+    "train-encdec",
+)
 MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead", "um-warm")
 PREV = "um-prev"
 UM_CONF = {
@@ -62,6 +84,7 @@ UM_CONF = {
 LAYERS = 24
 WIDTH = 8192
 DEFAULT_BUDGET = "6GiB"
+CLASS_BUDGET = {"train-encdec": "8GiB"}  # the others: DEFAULT_BUDGET
 SEED = 1234
 
 
@@ -118,13 +141,120 @@ def _plain_forward(torch: Any, ws: list[Any], x: Any) -> float:
         return float(h.float().sum())
 
 
-def _custom_opt_model(torch: Any) -> Any:
+def _custom_opt_model(
+    torch: Any, layers: int = LAYERS, width: int = WIDTH, device: str = "cuda"
+) -> Any:
     torch.manual_seed(SEED)
-    layers = []
-    for _ in range(LAYERS):
-        layers += [torch.nn.Linear(WIDTH, WIDTH, bias=False), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(dtype=torch.bfloat16)
-    return model.to("cuda")
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, width, bias=False), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*mods).to(dtype=torch.bfloat16)
+    return model.to(device)
+
+
+def _ddp_default(torch: Any, model: Any, backend: str = "nccl") -> Any:
+    """``model`` under DistributedDataParallel with its default arguments, in a process
+    group of one rank (made here if there is none)."""
+    import os
+    import socket
+
+    dist = torch.distributed
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(port))
+        dist.init_process_group(backend, rank=0, world_size=1)
+    return torch.nn.parallel.DistributedDataParallel(model)
+
+
+ENCDEC = {  # transformers.BartConfig: about 1.07 B parameters
+    "vocab_size": 32000,
+    "d_model": 2048,
+    "encoder_layers": 10,
+    "decoder_layers": 10,
+    "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16,
+    "encoder_ffn_dim": 6144,
+    "decoder_ffn_dim": 6144,
+    "max_position_embeddings": 1024,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+    "use_cache": False,
+}
+ENCDEC_BATCH = (16, 1024)  # sequences, tokens (in and out)
+
+
+def _encdec_model(torch: Any, config: dict[str, Any] | None = None, device: str = "cuda") -> Any:
+    """BartForConditionalGeneration from ENCDEC, made on `device` from SEED, in bf16 from
+    the start (no float32 copy of a billion parameters counts in the peak)."""
+    transformers = importlib.import_module("transformers")
+    torch.manual_seed(SEED)
+    cfg = transformers.BartConfig(**(config or ENCDEC))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = transformers.BartForConditionalGeneration(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    return model
+
+
+def _tokens(torch: Any, step: int, shape: tuple[int, int], vocab: int, device: str) -> Any:
+    g = torch.Generator(device=device).manual_seed(SEED + step)
+    return torch.randint(0, vocab, shape, generator=g, device=device)
+
+
+def _optimized_steps(
+    torch: Any,
+    klass: str,
+    device: str = "cuda",
+    layers: int = LAYERS,
+    width: int = WIDTH,
+    rows: int = WIDTH,
+    encdec: dict[str, Any] | None = None,
+    encdec_batch: tuple[int, int] = ENCDEC_BATCH,
+) -> Callable[[int], float]:
+    """The training step of train-ddp-default, train-compiled or train-encdec: a function
+    of the step's index that returns its loss. The sizes are parameters so that the
+    programs can be tried small on a CPU."""
+    if klass == "train-encdec":
+        model = _encdec_model(torch, encdec, device)
+        vocab = int((encdec or ENCDEC)["vocab_size"])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+        def encdec_step(step: int) -> float:
+            ids = _tokens(torch, 2 * step, encdec_batch, vocab, device)
+            labels = _tokens(torch, 2 * step + 1, encdec_batch, vocab, device)
+            loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        return encdec_step
+    net = _custom_opt_model(torch, layers, width, device)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
+    if klass == "train-ddp-default":
+        net = _ddp_default(torch, net, "nccl" if device == "cuda" else "gloo")
+    elif klass == "train-compiled":
+        net = torch.compile(net)
+    else:
+        raise ValueError(f"no optimized program for class {klass}")
+
+    def step_fn(step: int) -> float:
+        g = torch.Generator(device=device).manual_seed(SEED + step)
+        x = torch.randn(rows, width, generator=g, device=device, dtype=torch.bfloat16)
+        loss = net(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step_fn
 
 
 def _lion_step(torch: Any, params: list[Any], state: dict[int, Any]) -> None:
@@ -201,6 +331,11 @@ def run_program(
 
         for s in range(steps):
             timed(lambda s=s: custom(s))
+        return times, outs
+    if klass in ("train-ddp-default", "train-compiled", "train-encdec"):
+        step_fn = _optimized_steps(torch, klass)
+        for s in range(steps):
+            timed(lambda s=s: step_fn(s))
         return times, outs
     ws, ms = plain_params(torch)
     if klass == "train-plain":
@@ -300,6 +435,7 @@ def summarize(samples: list[dict[str, Any]], budget: int, klass: str) -> dict[st
     return {
         "class": klass,
         "budget_bytes": budget,
+        "stock_peak_bytes": stock["peak_allocated"] if stock is not None else None,
         "floor_s": floor,
         "link": link,
         "modes": modes,
@@ -307,8 +443,11 @@ def summarize(samples: list[dict[str, Any]], budget: int, klass: str) -> dict[st
 
 
 def table(summary: dict[str, Any]) -> str:
+    peak = summary.get("stock_peak_bytes")
+    share = f", {summary['budget_bytes'] / peak:.0%} of stock's peak" if peak else ""
     lines = [
-        f"{summary['class']}: floor {common.cell(summary['floor_s'], '.4f')} s",
+        f"{summary['class']}: floor {common.cell(summary['floor_s'], '.4f')} s; budget "
+        f"{summary['budget_bytes'] / 2**30:.1f} GiB{share}",
         f"{'mode':14s}{'steady s':>10s}{'first s':>10s}{'x floor':>9s}{'2nd/st':>8s}"
         f"{'3rd/st':>8s}  outputs",
     ]
@@ -344,12 +483,14 @@ def main() -> int:
     p.add_argument("--prev-pythonpath", default=None)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--budget", default=DEFAULT_BUDGET)
+    p.add_argument("--budget", default=None, help="default: CLASS_BUDGET or DEFAULT_BUDGET")
     p.add_argument("--modes", default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # a worker's
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.budget is None:
+        args.budget = CLASS_BUDGET.get(args.klass, DEFAULT_BUDGET)
     if args.worker:
         try:
             common.emit(worker(args))
