@@ -336,6 +336,8 @@ def run_program(
         step_fn = _optimized_steps(torch, klass)
         for s in range(steps):
             timed(lambda s=s: step_fn(s))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()  # train-ddp-default's group of one
         return times, outs
     ws, ms = plain_params(torch)
     if klass == "train-plain":
