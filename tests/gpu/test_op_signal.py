@@ -40,10 +40,12 @@ def _plain_losses(steps: int, pause: float = 0.0) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("lookahead", ["0", "64MiB"])
+@pytest.mark.parametrize(("lookahead", "warm_first"), [("0", False), ("64MiB", False), ("0", True)])
 def test_plain_tensors_past_the_budget_are_bit_exact_with_the_signal(
-    torch_mod: Any, um: Any, limits: Limits, lookahead: str
+    torch_mod: Any, um: Any, limits: Limits, lookahead: str, warm_first: bool
 ) -> None:
+    """The learned order, with the lookahead or without, and with the warm chunks first
+    (evict_warm_first, Note [First evictions]): the losses of the run in memory."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     release_cache(torch)
     um.configure(device_budget="90%")
@@ -54,7 +56,12 @@ def test_plain_tensors_past_the_budget_are_bit_exact_with_the_signal(
     assert fits["um.op_signal_installs"] == before["um.op_signal_installs"]
     release_cache(torch)
     um.configure(
-        device_budget=BUDGET, policy="lru", discard=True, op_signal=True, op_lookahead=lookahead
+        device_budget=BUDGET,
+        policy="lru",
+        discard=True,
+        op_signal=True,
+        op_lookahead=lookahead,
+        evict_warm_first=warm_first,
     )
     under = _plain_losses(5, pause=0.5)
     after = um.stats()
@@ -69,6 +76,8 @@ def test_plain_tensors_past_the_budget_are_bit_exact_with_the_signal(
         f"[um] op signal: {calls} operators, {brought / MiB:.0f} MiB brought before them, "
         f"{ahead / MiB:.0f} MiB ahead, {matches} matches, {planned / MiB:.0f} MiB planned, "
         f"{by_plan / MiB:.0f} MiB left by the learned order, "
+        f"{(after['um.evict_first_bytes'] - fits['um.evict_first_bytes']) / MiB:.0f} MiB "
+        f"first evictions, "
         f"{(after['um.op_signal_ns'] - fits['um.op_signal_ns']) / 1e6:.1f} ms host time"
     )
     assert after["um.op_signal_installs"] > fits["um.op_signal_installs"]
