@@ -85,11 +85,12 @@
 //   (one period on if the counterpart was not used again); the address's own
 //   history would name another tensor's next use.
 // - Continuation: on a path, a use whose identity and its predecessor's are
-//   those of the uses a period ago continues the path there; of that and
-//   another match, the one farther back wins. Alike layers match each
-//   other's transitions one or more layers off, by handed-around blocks or,
-//   in the first period, by identities alone (a path one layer long), and a
-//   match taken from them would misalign every prediction after it.
+//   those of the uses a period ago continues the path there, whatever another
+//   occurrence of its transition says. Alike layers whose blocks were handed
+//   around match each other's transitions one or more layers off, and a
+//   match taken from them would misalign every prediction after it. (A rule
+//   that let the farther of the two win broke the plain-tensor step's path
+//   in its second and third steps; step 56.)
 //
 // Pure C++ (no CUDA): tested on the CPU in tests/engine/lookahead_test.cpp.
 // Not thread-safe: the caller serialises use() per device.
