@@ -65,12 +65,3 @@ def test_the_table_gives_the_budget_as_a_share_of_stocks_peak() -> None:
     text = classes.table(classes.summarize(_samples(), 6 * GiB, "train-plain"))
     assert "budget 6.0 GiB, 60% of stock's peak" in text.splitlines()[0]
 
-
-def test_every_class_has_a_budget_and_a_program() -> None:
-    """Each class the command line offers runs one of run_program's programs."""
-    import inspect
-
-    source = inspect.getsource(classes.run_program)
-    for klass in classes.CLASSES:
-        assert klass in source, klass
-        assert classes.parse_size(classes.CLASS_BUDGET.get(klass, classes.DEFAULT_BUDGET)) > 0

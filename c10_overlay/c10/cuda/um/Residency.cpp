@@ -933,9 +933,7 @@ uint64_t Residency::plan(uintptr_t addr, uint64_t size, uint64_t due) {
     // Live on the device and in a plain order: held chunks never leave, a
     // read-only scan keeps Note [Scans]' order, dead ones leave first anyway.
     const OrderKind now = orderOf(*seg, i);
-    if (c.due == due ||
-        (now != OrderKind::Live && now != OrderKind::Planned &&
-         now != OrderKind::PlannedCold)) {
+    if (c.due == due || (now != OrderKind::Live && !isPlanned(now))) {
       continue;
     }
     unlink(*seg, i);

@@ -126,7 +126,8 @@
 // one that picks chunks never evicted before pays the slow one. The engine
 // does not see the driver's pages; it keeps, for each chunk, whether they
 // were in host RAM (evicted, or made there) and not discarded since (a
-// discard, with or without a prefetch, drops the pages), and counts, of
+// discard, with or without a prefetch, is taken to drop them: the driver
+// may free a discarded range's pages), and counts, of
 // evict_bytes, the bytes of chunks without: evict_first_bytes. In step 56's
 // plain-tensor step the learned order sent 0.81 GiB a step of such first
 // evictions out and the order before it none, at two thirds of its eviction
@@ -620,6 +621,9 @@ class Residency {
   // Planned and PlannedCold: chunks with a predicted next use whose pages
   // were (or were not) in host RAM before (Note [First evictions]).
   enum class OrderKind : uint8_t { None, Live, Scan, Dead, Planned, PlannedCold };
+  static bool isPlanned(OrderKind kind) {
+    return kind == OrderKind::Planned || kind == OrderKind::PlannedCold;
+  }
   struct Chunk {
     Where where = Where::Unplaced;
     bool discarded = false; // pages dropped: must be placed before a write
@@ -733,8 +737,7 @@ class Residency {
   // A chunk's key in its order: (due, address) in `planned`, else (tick,
   // address).
   static Key keyOf(const Segment& seg, size_t i, OrderKind kind) {
-    const bool planned = kind == OrderKind::Planned || kind == OrderKind::PlannedCold;
-    return Key{planned ? seg.chunks[i].due : seg.chunks[i].tick,
+    return Key{isPlanned(kind) ? seg.chunks[i].due : seg.chunks[i].tick,
                seg.chunkAddr(i)};
   }
   // Sets a chunk's live bytes; `retick` also makes it the most recent.
