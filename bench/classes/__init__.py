@@ -275,6 +275,7 @@ STEP_COUNTERS = (
     "um.prefetch_bytes",
     "um.evict_bytes",
     "um.evict_first_bytes",
+    "um.evict_ranges",
     "um.cancelled_bytes",
     "um.evictor_ns",
     "um.executor_ns",

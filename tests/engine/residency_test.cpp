@@ -768,6 +768,37 @@ bool warmVictimsLeaveFirst() {
   return true;
 }
 
+// Note [Victims leave as runs]: a planned block due after the window leaves
+// farthest first, its chunks from the highest address down, and they go as
+// one range, not a range a chunk; with warm_first too.
+bool plannedVictimsLeaveAsOneRange() {
+  for (const bool warm_first : {false, true}) {
+    Sim s;
+    s.lim.budget = 8 * kChunkBytes;
+    s.lim.warm_first = warm_first;
+    const uintptr_t base = s.next_base, other = base + (1ull << 30);
+    if (!s.addSegment(base, 8 * kChunkBytes)) return false;
+    const uintptr_t a = base, b = base + 4 * kChunkBytes;
+    if (!s.alloc(a, 4 * kChunkBytes) || !s.alloc(b, 4 * kChunkBytes)) return false;
+    if (!s.touch(a) || !s.touch(b)) return false;
+    s.r.setPlanClock(0, PlanClock{100, 100});
+    if (!s.plan(a, 400) || !s.plan(b, 200)) return false;
+    if (!s.addSegment(other, 4 * kChunkBytes)) return false; // room: a, the farthest
+    int ranges = 0;
+    for (const Action& x : s.last) {
+      if (x.kind == Action::EvictToHost) {
+        ++ranges;
+        CHECK(x.addr == a && x.size == 4 * kChunkBytes,
+              "warm_first %d: evicted [%llx, +%llu), want a's four chunks", warm_first ? 1 : 0,
+              (unsigned long long)x.addr, (unsigned long long)x.size);
+      }
+    }
+    CHECK(ranges == 1, "warm_first %d: a left in %d ranges, want 1", warm_first ? 1 : 0, ranges);
+    CHECK(s.r.whereIs(b) == Where::Device, "b left too");
+  }
+  return true;
+}
+
 // Note [The step's gradients are touched] (torch/cuda/_um_optim.py): a block
 // allocated once and used every step by kernels alone (DDP's gradient
 // buckets) gets no event after its allocation. The least recently used live
@@ -1448,6 +1479,7 @@ int main() {
       {"evicted, then freed unused, is counted", evictedUnusedIsCounted},
       {"first evictions are counted", firstEvictionsAreCounted},
       {"warm victims leave first", warmVictimsLeaveFirst},
+      {"planned victims leave as one range", plannedVictimsLeaveAsOneRange},
       {"graph pool outputs survive frees and restores", graphPoolOutputsSurvive},
       {"a block no event touches stays evicted",
        [] { return stepTouchBringsBackAnUntouchedBlock(false); }},

@@ -35,8 +35,8 @@ def test_residency_invariants_hold_on_every_trace(residency_test: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 failures" in done.stdout
     # Every named case ran and passed, and the random traces ran too.
-    assert done.stdout.count("\nok   ") + done.stdout.startswith("ok   ") == 38
-    assert "78 cases" in done.stdout
+    assert done.stdout.count("\nok   ") + done.stdout.startswith("ok   ") == 39
+    assert "79 cases" in done.stdout
 
 
 def test_event_cost_program_builds_and_times_three_sizes(tmp_path: Path) -> None:

@@ -336,10 +336,13 @@ void Residency::emit(
   // DropDuplicate, EvictToHost, DropDuplicate, ... then make two calls, not
   // one pair per chunk; an eviction's fence is its batch number).
   // Adjacent segments are separate allocations: one CUDA call per range
-  // must stay inside one of them.
+  // must stay inside one of them. A range joins on either side: the
+  // farthest-first orders hand out a range's chunks from its highest address
+  // down (Note [Victims leave as runs]).
   auto extends = [&](const Action& a) {
     return a.kind == kind && a.device == device && a.stream == stream &&
-        a.segment == segment && a.addr + a.size == addr;
+        a.segment == segment &&
+        (a.addr + a.size == addr || addr + size == a.addr);
   };
   const size_t n = out.size();
   Action* into = nullptr;
@@ -352,6 +355,7 @@ void Residency::emit(
     into = &out[n - 2];
   }
   if (into != nullptr) {
+    into->addr = std::min(into->addr, addr);
     into->size += size;
     into->fence = std::max(into->fence, fence);
     return;

@@ -137,6 +137,20 @@
 // others only when none of those is left); without it, the farthest of
 // both, as one order. Off until a run measures it against the plain order.
 //
+// Note [Victims leave as runs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The driver evicts a batch of 2 MiB ranges at about 14 GB/s and of 64 MiB
+// ranges at 22 (docs/notes/step-05-evictor-bound-calls-cuda.md), so how the
+// chosen chunks are cut into ranges sets the eviction rate as much as which
+// chunks they are. The orders key a chunk by (due, address), and the
+// farthest-first steps take them from the end: a range's chunks, due
+// together, come highest address first. emit() joined a chunk only to the
+// range below it, so each became a range of its own: step 56's train-plain
+// issued 15,579 ranges for 51.8 GiB (3.6 MB a range) where the order before
+// the due() fix, taking overdue chunks lowest first, issued 1,855 for 46.8
+// GiB (27 MB). A chunk now joins the range on either side of it; the
+// chunks, the order and the batches are the same.
+//
 // Note [Ranges larger than the budget]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A range (a new segment, a block handed out, a touched range) larger than
