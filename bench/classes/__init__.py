@@ -25,6 +25,11 @@ trained by ``torch.optim.SGD`` with momentum.
 ``train-compiled``: the same layers under ``torch.compile`` (default mode), trained by
 ``torch.optim.SGD`` with momentum; the first step includes the compilation.
 
+``fit-small-ops``: ``train-plain``'s program at SMALL_WIDTH (1024): 24 weights of 2 MiB,
+a few hundred small operators a step, launch-bound, far under any budget. What the +um
+torch costs a program that fits (``um`` against ``stock``: the signal is not installed),
+and what the operator signal costs an operator when it is (``um-signal``).
+
 ``train-encdec``: an encoder-decoder of about 1.07 B parameters, transformers'
 ``BartForConditionalGeneration`` (d_model 2048, 10 + 10 layers, FFN 6144, vocabulary
 32000, bf16, dropout 0), built on the GPU from a fixed seed (nothing downloaded), on
@@ -41,6 +46,9 @@ Modes:
   um-ahead     this engine at the budget with op_lookahead:1GiB: what the lookahead adds
   um-warm      this engine at the budget with evict_warm_first:True: victims whose host
                pages exist first (Note [First evictions])
+  um-signal    this engine with the operator signal installed whatever the pressure (through
+               its C API, as the pressure watcher installs it): the summary's
+               ``signal_ns_per_op`` is its steady step less ``um``'s over the operators it saw
 
 Every UM worker caps total managed memory at 80 % of the free memory it reads at start
 (bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
@@ -71,8 +79,10 @@ CLASSES = (
     "train-ddp-default",
     "train-compiled",
     "train-encdec",
+    "fit-small-ops",
 )
-MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead", "um-warm")
+MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead", "um-warm", "um-signal")
+SIGNAL = "um-signal"  # the observer installed by hand (worker)
 PREV = "um-prev"
 UM_CONF = {
     "um-prev": "",
@@ -80,9 +90,11 @@ UM_CONF = {
     "um-nosignal": "op_signal:False",
     "um-ahead": "op_lookahead:1GiB",
     "um-warm": "evict_warm_first:True",
+    "um-signal": "",
 }
 LAYERS = 24
 WIDTH = 8192
+SMALL_WIDTH = 1024  # fit-small-ops
 DEFAULT_BUDGET = "6GiB"
 CLASS_BUDGET = {"train-encdec": "8GiB"}  # the others: DEFAULT_BUDGET
 SEED = 1234
@@ -283,6 +295,7 @@ STEP_COUNTERS = (
     "um.discard_bytes",
     "um.op_touch_bytes",
     "um.op_ahead_bytes",
+    "um.op_calls",
     "um.op_matches",
     "um.op_paths",
     "um.op_mixed",
@@ -340,6 +353,15 @@ def run_program(
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()  # train-ddp-default's group of one
         return times, outs
+    if klass == "fit-small-ops":
+        ws, ms = plain_params(torch, width=SMALL_WIDTH)
+        for s in range(steps):
+            timed(
+                lambda s=s: plain_step(
+                    torch, ws, ms, batch(torch, SMALL_WIDTH, s, width=SMALL_WIDTH)
+                )
+            )
+        return times, outs
     ws, ms = plain_params(torch)
     if klass == "train-plain":
         for s in range(steps):
@@ -370,6 +392,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             conf += "," + UM_CONF[args.mode]
         um.configure(conf)
         base["conf"] = um.get_config()
+        if args.mode == SIGNAL:
+            _install_signal(um)
     torch.cuda.reset_peak_memory_stats()
     before = um.stats() if um is not None else {}
     per_step: list[dict[str, int]] = []
@@ -388,6 +412,42 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         base["counters"] = {k: after[k] - before.get(k, 0) for k in keys}
         base["step_counters"] = per_step
     return base
+
+
+def _install_signal(um: Any) -> None:
+    """The operator observer on, whatever the pressure: the C call the pressure watcher
+    makes (torch.cuda.um._sync_op_signal), which leaves an observer it did not install
+    alone while no device is near its budget."""
+    import ctypes
+
+    lib = um._lib
+    if lib is None:
+        raise RuntimeError("um-signal: torch.cuda.um has no engine library")
+    err = ctypes.create_string_buffer(512)
+    if int(lib.torch_um_op_signal(1, err, 512)) != 0:
+        raise RuntimeError(f"um-signal: {err.value.decode(errors='replace')}")
+
+
+def signal_cost(by_mode: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The observer's cost an operator: um-signal's steady step less um's, over the
+    operators um-signal's observer saw in a steady step (the median of its last half)."""
+
+    def first_ok(mode: str) -> dict[str, Any] | None:
+        return next((r for r in by_mode.get(mode, []) if "error" not in r), None)
+
+    um_run, sig = first_ok("um"), first_ok(SIGNAL)
+    if um_run is None or sig is None or not sig.get("step_counters"):
+        return None
+    calls = [c.get("um.op_calls", 0) for c in sig["step_counters"]]
+    ops = statistics.median(calls[len(calls) // 2 :])
+    st_um, st_sig = steady(um_run["steps"]), steady(sig["steps"])
+    if not ops or st_um is None or st_sig is None:
+        return None
+    return {
+        "ops_per_step": ops,
+        "step_delta_s": st_sig - st_um,
+        "ns_per_op": (st_sig - st_um) / ops * 1e9,
+    }
 
 
 # ---- the orchestrator ----------------------------------------------------------------
@@ -435,7 +495,7 @@ def summarize(samples: list[dict[str, Any]], budget: int, klass: str) -> dict[st
                 (abs(a - b) for a, b in zip(ref, got, strict=False)), default=None
             )
         modes[mode] = entry
-    return {
+    out: dict[str, Any] = {
         "class": klass,
         "budget_bytes": budget,
         "stock_peak_bytes": stock["peak_allocated"] if stock is not None else None,
@@ -443,6 +503,14 @@ def summarize(samples: list[dict[str, Any]], budget: int, klass: str) -> dict[st
         "link": link,
         "modes": modes,
     }
+    cost = signal_cost(by_mode)
+    if cost is not None:
+        out["signal"] = cost
+    if stock is not None and "um" in modes and modes["um"].get("steady_s"):
+        stock_s = steady(stock["steps"])
+        if stock_s:
+            out["um_over_stock"] = modes["um"]["steady_s"] / stock_s
+    return out
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -466,6 +534,15 @@ def table(summary: dict[str, Any]) -> str:
             f"{common.cell(e.get('second_over_steady'), '.2f'):>8s}"
             f"{common.cell(e.get('third_over_steady'), '.2f'):>8s}  "
             f"{'equal' if same else ('differ ' + str(e.get('max_abs_output_diff')))}"
+        )
+    if summary.get("um_over_stock") is not None:
+        lines.append(f"um / stock, steady step: {summary['um_over_stock']:.3f}")
+    sig = summary.get("signal")
+    if sig is not None:
+        lines.append(
+            f"operator signal: {sig['ns_per_op']:.0f} ns an operator "
+            f"({sig['ops_per_step']:.0f} operators a step, "
+            f"{sig['step_delta_s'] * 1e3:+.2f} ms a step)"
         )
     return "\n".join(lines)
 
@@ -513,10 +590,7 @@ def main() -> int:
         "stock": args.stock_pythonpath,
         "link": args.stock_pythonpath,
         PREV: args.prev_pythonpath,
-        "um": args.um_pythonpath,
-        "um-nosignal": args.um_pythonpath,
-        "um-ahead": args.um_pythonpath,
-        "um-warm": args.um_pythonpath,
+        **{m: args.um_pythonpath for m in UM_CONF if m != PREV},
     }
     worker_args = [args.klass, "--steps", str(args.steps), "--budget", args.budget]
     cases = [(m, worker_args) for m in ("link", *modes)]

@@ -65,3 +65,28 @@ def test_the_table_gives_the_budget_as_a_share_of_stocks_peak() -> None:
     text = classes.table(classes.summarize(_samples(), 6 * GiB, "train-plain"))
     assert "budget 6.0 GiB, 60% of stock's peak" in text.splitlines()[0]
 
+
+def test_the_signals_cost_an_operator_and_um_over_stock() -> None:
+    samples = _samples()
+    sig = {
+        "mode": "um-signal",
+        "steps": [2.0, 0.7, 0.6, 0.6, 0.6, 0.6],
+        "outputs": [1.0, 2.0, 3.0, 4.0],
+        "peak_allocated": 10 * GiB,
+        # the observer's operators each step: 1000 in the last half
+        "step_counters": [{"um.op_calls": n} for n in (5, 5, 5, 1000, 1000, 1000)],
+    }
+    s = classes.summarize([*samples, sig], 16 * GiB, "fit-small-ops")
+    # 0.1 s more a step (0.6 against um's 0.5) over 1000 operators: 100 us an operator.
+    assert s["signal"]["ops_per_step"] == 1000
+    assert s["signal"]["ns_per_op"] == pytest.approx(1e5)
+    assert s["um_over_stock"] == pytest.approx(5.0)
+    text = classes.table(s)
+    assert "operator signal: 100000 ns an operator" in text
+    assert "um / stock, steady step: 5.000" in text
+
+
+def test_no_signal_cost_without_its_counters() -> None:
+    sig = {"mode": "um-signal", "steps": [1.0, 1.0, 1.0, 1.0], "outputs": [], "peak_allocated": 0}
+    s = classes.summarize([*_samples(), sig], 16 * GiB, "fit-small-ops")
+    assert "signal" not in s
