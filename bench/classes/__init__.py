@@ -44,8 +44,8 @@ Modes:
   um           this engine at the budget, its defaults (the operator use signal on)
   um-nosignal  this engine at the budget with op_signal:False: what the signal adds
   um-ahead     this engine at the budget with op_lookahead:1GiB: what the lookahead adds
-  um-warm      this engine at the budget with evict_warm_first:True: victims whose host
-               pages exist first (Note [First evictions])
+  um-cold      this engine at the budget with evict_warm_first:False: the learned order
+               without preferring victims whose host pages exist (Note [First evictions])
   um-signal    this engine with the operator signal installed whatever the pressure (through
                its C API, as the pressure watcher installs it): the summary's
                ``signal_ns_per_op`` is its steady step less ``um``'s over the operators it saw
@@ -81,7 +81,7 @@ CLASSES = (
     "train-encdec",
     "fit-small-ops",
 )
-MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead", "um-warm", "um-signal")
+MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead", "um-cold", "um-signal")
 SIGNAL = "um-signal"  # the observer installed by hand (worker)
 PREV = "um-prev"
 UM_CONF = {
@@ -89,7 +89,7 @@ UM_CONF = {
     "um": "",
     "um-nosignal": "op_signal:False",
     "um-ahead": "op_lookahead:1GiB",
-    "um-warm": "evict_warm_first:True",
+    "um-cold": "evict_warm_first:False",
     "um-signal": "",
 }
 LAYERS = 24

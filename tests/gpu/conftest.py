@@ -131,7 +131,7 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         pin_in_place=False,
         op_signal=True,
         op_lookahead=0,
-        evict_warm_first=False,
+        evict_warm_first=True,
     )
     torch.cuda.set_per_process_memory_fraction(1.0)
 

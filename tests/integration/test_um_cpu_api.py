@@ -41,7 +41,7 @@ RESIDENCY = {
     "hooks": "True",
     "op_signal": "True",
     "op_lookahead": "0",
-    "evict_warm_first": "False",
+    "evict_warm_first": "True",
     "predict": "True",
     "predict_lookahead": str(1 << 30),
     "predict_copy_sms": "auto",

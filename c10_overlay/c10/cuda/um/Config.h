@@ -66,8 +66,8 @@ struct Config {
   // Of the planned chunks due after the lookahead's window, those whose pages
   // were in host RAM before leave first: the driver evicts into pages a range
   // never had at about a third of the speed (Note [First evictions],
-  // Residency.h). Off until measured against the plain order (step 56).
-  bool evict_warm_first = false;
+  // Residency.h). On since step 57 measured it with victims leaving as runs.
+  bool evict_warm_first = true;
   // The most SMs the weight streamer's copies (Note [Weight streaming]) hold:
   // a copy kernel holds its SMs while it waits on the link, and the forward's
   // kernels beside it keep the rest. With foreach, the copies run on a stream
