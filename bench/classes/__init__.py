@@ -49,6 +49,9 @@ Modes:
   um-signal    this engine with the operator signal installed whatever the pressure (through
                its C API, as the pressure watcher installs it): the summary's
                ``signal_ns_per_op`` is its steady step less ``um``'s over the operators it saw
+  um-nohooks   this engine at the budget with hooks:False: no module hook, so the operator
+               signal drives whatever the program is made of (Note [Which signal drives the
+               engine], um.py)
 
 Every UM worker caps total managed memory at 80 % of the free memory it reads at start
 (bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
@@ -81,7 +84,7 @@ CLASSES = (
     "train-encdec",
     "fit-small-ops",
 )
-MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead", "um-cold", "um-signal")
+MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead", "um-cold", "um-signal", "um-nohooks")
 SIGNAL = "um-signal"  # the observer installed by hand (worker)
 PREV = "um-prev"
 UM_CONF = {
@@ -91,6 +94,7 @@ UM_CONF = {
     "um-ahead": "op_lookahead:1GiB",
     "um-cold": "evict_warm_first:False",
     "um-signal": "",
+    "um-nohooks": "hooks:False",
 }
 LAYERS = 24
 WIDTH = 8192
@@ -411,6 +415,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         keys = [k for k in after if isinstance(after[k], int)]
         base["counters"] = {k: after[k] - before.get(k, 0) for k in keys}
         base["step_counters"] = per_step
+        predict = getattr(um, "predict_stats", None)
+        if predict is not None:
+            base["predict"] = {k: v for k, v in predict().items() if v}
     return base
 
 
