@@ -596,6 +596,48 @@ def test_parameters_back_in_the_plan_are_sent_again(um: tuple[UmPath, Path]) -> 
     assert got[3] == {"streams": [0, 1, 2, 3], "sent": []}
 
 
+COMPILED_PROBE = r"""
+import json, torch
+import torch.cuda.um as um
+
+net = torch.nn.Sequential(torch.nn.Linear(8, 8))
+wrapped = torch.compile(net)  # the wrapper only: nothing is compiled before its first call
+own = torch.nn.Linear(8, 8)
+own.compile()
+out = {"plain": um._compiled_module(net), "layer": um._compiled_module(net[0]),
+       "wrapper": um._compiled_module(wrapped), "own_compile": um._compiled_module(own)}
+um.configure(hooks=True, policy="lru")
+um._pre_forward(net, ())
+out["after_plain"] = um._compiled_forward_seen
+out["hooks_wanted_before"] = um._hooks_wanted()
+um._pre_forward(wrapped, ())
+out["after_wrapper"] = um._compiled_forward_seen
+out["stat"] = um.predict_stats().get("predict.compiled_model")
+out["hooks_wanted"] = um._hooks_wanted()
+print(json.dumps(out))
+"""
+
+
+def test_a_compiled_model_takes_the_module_hooks_off(um: tuple[UmPath, Path]) -> None:
+    """Note [A compiled model is driven by operators] (um.py): torch.compile's wrapper and
+    a module whose compile() was called are compiled, their layers and plain modules are
+    not; once a compiled module's forward is seen the hooks are no longer wanted, for good,
+    and predict_stats() says so."""
+    _, venv = um
+    got = probe(venv, COMPILED_PROBE)
+    assert got == {
+        "plain": False,
+        "layer": False,
+        "wrapper": True,
+        "own_compile": True,
+        "after_plain": False,
+        "hooks_wanted_before": True,
+        "after_wrapper": True,
+        "stat": 1,
+        "hooks_wanted": False,
+    }
+
+
 def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     """Note [Lean copies], Note [Copies on few SMs]: where neither the lean copy kernel
     (asked for) nor a green context can be had, the weight streamer's copies take the plain

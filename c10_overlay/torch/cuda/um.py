@@ -50,6 +50,7 @@ import ctypes
 import functools
 import os
 import platform
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable
@@ -1087,8 +1088,10 @@ def _own_tensors(module: Module) -> list[object]:
 
 
 def _pre_forward(module: Module, args: object) -> None:
-    global _module_forward_seen
+    global _module_forward_seen, _compiled_forward_seen
     _module_forward_seen = True  # Note [Which signal drives the engine]
+    if not _compiled_forward_seen and _compiled_module(module):
+        _compiled_forward_seen = True  # Note [A compiled model is driven by operators]
     if _workspaces is not None:
         _workspaces.ensure()  # Note [Library workspaces]
     if torch.is_grad_enabled():
@@ -1558,6 +1561,8 @@ def predict_stats() -> dict[str, int]:
         out.update(_buckets.counters())
     if _workspaces is not None:
         out.update({"predict." + k: v for k, v in _workspaces.counters().items()})
+    if _compiled_forward_seen:
+        out["predict.compiled_model"] = 1  # Note [A compiled model is driven by operators]
     return out
 
 
@@ -1582,7 +1587,45 @@ def summary(device: DeviceLike = None) -> str:
 
 def _hooks_wanted() -> bool:
     cfg = get_config()
-    return cfg.get("policy") == "lru" and cfg.get("hooks") == "True" and is_enabled()
+    return (
+        cfg.get("policy") == "lru"
+        and cfg.get("hooks") == "True"
+        and is_enabled()
+        and not _compiled_forward_seen
+    )
+
+
+# Note [A compiled model is driven by operators]
+# The module hooks' predictions are built on eager forwards: a module's pre-forward,
+# the saved-tensor hooks of its forward, the parameters its forward reads. A model under
+# torch.compile runs its layers inside generated code that fires the global hooks around
+# graph breaks at best, and the predictions built on them went wrong: a torch.compile'd
+# model of 24 nn.Linear layers past a 6 GiB budget ran 5.8-5.9 s a step with the hooks,
+# 34x its floor, on this engine and the one before it; with hooks:False, where the
+# operator observer drives (the ATen operators Inductor calls, its matrix products among
+# them, pass the dispatcher), 0.58 s, 3.4x (docs/notes/step-57-victims-as-runs.md). So
+# once the program calls a compiled module (torch.compile's wrapper, or a module whose
+# own compile() was called), the watcher takes the hooks off for good and the observer
+# drives, as under hooks:False. A compiled function that calls eager modules is not seen
+# here and keeps the hooks.
+_compiled_forward_seen = False
+_optimized_module: type | None = None  # torch._dynamo's OptimizedModule, once loaded
+
+
+def _compiled_module(module: Module) -> bool:
+    """Whether calling `module` runs a compiled graph: torch.compile's wrapper
+    (OptimizedModule) or a module whose compile() was called."""
+    global _optimized_module
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        return True
+    if _optimized_module is None:
+        frames = sys.modules.get("torch._dynamo.eval_frame")
+        if frames is None:
+            return False
+        _optimized_module = getattr(frames, "OptimizedModule", None)
+        if _optimized_module is None:
+            return False
+    return isinstance(module, _optimized_module)
 
 
 # ---- use signals: every operator (Note [Operator use signals] in OpSignal.h) -----------
