@@ -7,6 +7,9 @@
 #   bash bench/run_on_device.sh step_time --rounds 2     # one, with its options
 #   bash bench/run_on_device.sh residency train --rounds 1   # residency: train, infer, generate or ddp
 #   bash bench/run_on_device.sh host_memory --scenarios listing1   # peak host memory (issue 9)
+#   PACK=1 OUT=$OUT/a bash bench/run_on_device.sh classes train-plain
+#       # what it wrote comes back as one file, $OUT/a/bench-classes-train-plain.tar.gz: a
+#       # device call brings back at most 8 files
 #   PREV_BUNDLE=.device/prev bash bench/run_on_device.sh residency train
 #       # adds mode um-prev (residency, oversubscribe, step_time): the engine of an earlier
 #       # commit's bundle (carry it too)
@@ -24,7 +27,10 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/torch-um-stage.XXXXXX")
-trap 'rm -rf "$STAGE"' EXIT
+PACK_NAME=bench
+# PACK=1: everything this run wrote to $OUT leaves as one $OUT/bench-<log>.tar.gz, also
+# when a benchmark fails (tests/gpu/owned.sh, pack_out).
+trap 'rm -rf "$STAGE"; if [ "${PACK:-0}" = 1 ]; then pack_out "$OUT" "$PACK_NAME"; fi' EXIT
 source tests/gpu/owned.sh
 STOCK=${PYTHONPATH:-}
 # Another version than the installed torch (see tests/gpu/run_version_on_device.sh, which
@@ -63,6 +69,7 @@ run() {
       prev=$arg
     done
   fi
+  PACK_NAME="bench-$log"
   local extra=()
   case "$bench" in residency | oversubscribe | step_time | classes) extra=("${PREV_ARGS[@]}") ;; esac
   echo "== bench.$bench $*"

@@ -28,3 +28,17 @@ owned() {
   wait "$tee_pid" 2>/dev/null || true # the log is whole before the caller reads it
   return "$rc"
 }
+
+# pack_out DIR NAME  packs every file under DIR (but earlier packs, *.tar.gz) into
+# DIR/NAME.tar.gz and removes them, so that a device call, which brings back at most 8
+# files from $OUT, brings back every record of many benchmarks: set PACK=1 for
+# bench/run_on_device.sh (records were lost to that limit in steps 48 and 57). Unpack here
+# with `tar -xzf`. Nothing is removed unless the archive was written whole.
+pack_out() {
+  local dir=$1 name=$2 files=()
+  mapfile -t files < <(cd "$dir" && find . -type f ! -name '*.tar.gz' | sort)
+  [ "${#files[@]}" -gt 0 ] || return 0
+  tar -czf "$dir/$name.tar.gz.part" -C "$dir" "${files[@]}" &&
+    mv "$dir/$name.tar.gz.part" "$dir/$name.tar.gz" &&
+    (cd "$dir" && rm -f "${files[@]}")
+}

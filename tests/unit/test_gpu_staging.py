@@ -301,3 +301,38 @@ def test_compare_imports_names_what_the_host_lacks_and_what_an_extra_adds(
     assert compare_imports.main([*args, "--extra", str(extra_whl)]) == 0
     out = capsys.readouterr().out
     assert "libnew.so: everything it imports is on the host\n" in out
+
+
+def test_pack_out_leaves_one_archive_per_run(tmp_path: Path) -> None:
+    """tests/gpu/owned.sh's pack_out: every file under the folder (two levels down too)
+    goes into NAME.tar.gz and is removed; an earlier run's archive stays beside it and is
+    not packed again; an empty folder gives no archive."""
+    import subprocess
+    import tarfile
+
+    out = tmp_path / "out"
+    (out / "b").mkdir(parents=True)
+    (out / "stage.log").write_text("staged\n")
+    (out / "b" / "record.json").write_text("{}\n")
+
+    def pack(name: str) -> None:
+        subprocess.run(
+            ["bash", "-c", f"source {OWNED}; pack_out {out} {name}"], check=True, timeout=60
+        )
+
+    pack("bench-one")
+    assert sorted(p.name for p in out.rglob("*") if p.is_file()) == ["bench-one.tar.gz"]
+    with tarfile.open(out / "bench-one.tar.gz") as tf:
+        assert sorted(tf.getnames()) == ["./b/record.json", "./stage.log"]
+        member = tf.extractfile("./b/record.json")
+        assert member is not None and member.read() == b"{}\n"
+    (out / "two.log").write_text("two\n")
+    pack("bench-two")
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == [
+        "bench-one.tar.gz",
+        "bench-two.tar.gz",
+    ]
+    with tarfile.open(out / "bench-two.tar.gz") as tf:
+        assert tf.getnames() == ["./two.log"]
+    pack("bench-three")  # nothing left to pack
+    assert not (out / "bench-three.tar.gz").exists()
