@@ -614,6 +614,8 @@ um._pre_forward(wrapped, ())
 out["after_wrapper"] = um._compiled_forward_seen
 out["stat"] = um.predict_stats().get("predict.compiled_model")
 out["hooks_wanted"] = um._hooks_wanted()
+um.configure(predict=True)  # starts the choice afresh
+out["after_configure"] = [um._compiled_forward_seen, um._hooks_wanted()]
 print(json.dumps(out))
 """
 
@@ -621,8 +623,8 @@ print(json.dumps(out))
 def test_a_compiled_model_takes_the_module_hooks_off(um: tuple[UmPath, Path]) -> None:
     """Note [A compiled model is driven by operators] (um.py): torch.compile's wrapper and
     a module whose compile() was called are compiled, their layers and plain modules are
-    not; once a compiled module's forward is seen the hooks are no longer wanted, for good,
-    and predict_stats() says so."""
+    not; once a compiled module's forward is seen the hooks are no longer wanted and
+    predict_stats() says so, until configure() is called again."""
     _, venv = um
     got = probe(venv, COMPILED_PROBE)
     assert got == {
@@ -635,6 +637,7 @@ def test_a_compiled_model_takes_the_module_hooks_off(um: tuple[UmPath, Path]) ->
         "after_wrapper": True,
         "stat": 1,
         "hooks_wanted": False,
+        "after_configure": [False, True],
     }
 
 

@@ -446,11 +446,13 @@ def configure(
     lib = _engine()
     # One lock with the pressure watcher: it cannot install the hooks of the old settings
     # between the check and the change.
+    global _compiled_forward_seen
     with _hooks_lock:
         hook_keys = _hook_settings() if _hooks_installed else None
         err = ctypes.create_string_buffer(_ERRLEN)
         if lib.torch_um_configure(",".join(parts).encode(), err, _ERRLEN) != 0:
             raise ValueError(err.value.decode(errors="replace"))
+        _compiled_forward_seen = False  # Note [A compiled model is driven by operators]
         _apply_host_settings()
         _apply_predict_settings()
         if hook_keys is not None and _hook_settings() != hook_keys:
@@ -1605,9 +1607,10 @@ def _hooks_wanted() -> bool:
 # operator observer drives (the ATen operators Inductor calls, its matrix products among
 # them, pass the dispatcher), 0.58 s, 3.4x (docs/notes/step-57-victims-as-runs.md). So
 # once the program calls a compiled module (torch.compile's wrapper, or a module whose
-# own compile() was called), the watcher takes the hooks off for good and the observer
-# drives, as under hooks:False. A compiled function that calls eager modules is not seen
-# here and keeps the hooks.
+# own compile() was called), the watcher takes the hooks off and the observer drives, as
+# under hooks:False, until configure() is called again (which starts the choice afresh:
+# a program that goes back to eager modules can ask for the hooks that way). A compiled
+# function that calls eager modules is not seen here and keeps the hooks.
 _compiled_forward_seen = False
 _optimized_module: type | None = None  # torch._dynamo's OptimizedModule, once loaded
 
