@@ -52,6 +52,9 @@ Modes:
   um-nohooks   this engine at the budget with hooks:False: no module hook, so the operator
                signal drives whatever the program is made of (Note [Which signal drives the
                engine], um.py)
+  um-programs  this engine at the budget with predict_programs:True: where the signal drives,
+               saves leave by copy over the forward between two backwards (Note [A program's
+               forward between two backwards], torch/cuda/_um_program.py)
 
 Every UM worker caps total managed memory at 80 % of the free memory it reads at start
 (bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
@@ -84,7 +87,17 @@ CLASSES = (
     "train-encdec",
     "fit-small-ops",
 )
-MODES = ("stock", "um-prev", "um", "um-nosignal", "um-ahead", "um-cold", "um-signal", "um-nohooks")
+MODES = (
+    "stock",
+    "um-prev",
+    "um",
+    "um-nosignal",
+    "um-ahead",
+    "um-cold",
+    "um-signal",
+    "um-nohooks",
+    "um-programs",
+)
 SIGNAL = "um-signal"  # the observer installed by hand (worker)
 PREV = "um-prev"
 UM_CONF = {
@@ -95,6 +108,7 @@ UM_CONF = {
     "um-cold": "evict_warm_first:False",
     "um-signal": "",
     "um-nohooks": "hooks:False",
+    "um-programs": "predict_programs:True",
 }
 LAYERS = 24
 WIDTH = 8192

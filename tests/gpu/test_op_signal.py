@@ -99,3 +99,25 @@ def test_the_signal_off_leaves_the_observer_out(torch_mod: Any, um: Any, limits:
     after = um.stats()
     assert after["um.op_signal_installs"] == before["um.op_signal_installs"]
     assert after["um.op_calls"] == before["um.op_calls"]
+
+
+def test_plain_tensors_offload_their_saves_with_predict_programs(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """predict_programs (Note [A program's forward between two backwards],
+    torch/cuda/_um_program.py): from the second step the plain program's forward runs under
+    the offload's saved-tensor hooks, begun and ended by its backward calls; saves leave by
+    copy, and the losses are those of the run in memory, bit for bit."""
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    in_memory = _plain_losses(5, pause=0.3)
+    release_cache(torch)
+    um.configure(device_budget=BUDGET, policy="lru", op_signal=True, predict_programs=True)
+    before = um.predict_stats()
+    under = _plain_losses(5, pause=0.5)
+    got = um.predict_stats()
+    print(f"[um] plain losses in memory {in_memory}\n[um] under the budget {under}\n[um] {got}")
+    assert got.get("predict.program_forwards", 0) > before.get("predict.program_forwards", 0)
+    assert got.get("predict.offloaded_bytes", 0) > before.get("predict.offloaded_bytes", 0)
+    assert under == in_memory

@@ -31,7 +31,8 @@ KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
     "op_signal, op_lookahead, evict_warm_first, predict, predict_lookahead, predict_copy_sms, "
     "predict_copy_kernel, predict_stage_kernel, "
-    "predict_ddp_buckets, read_copies, host_alloc, host_alloc_min, host_copy_kernel, "
+    "predict_ddp_buckets, predict_programs, read_copies, host_alloc, host_alloc_min, "
+    "host_copy_kernel, "
     "host_copy_cpu_share, pageable_copy_cpu, pin_in_place."
 )
 # The residency settings, unchanged by every configure() call below.
@@ -48,6 +49,7 @@ RESIDENCY = {
     "predict_copy_kernel": "lean",
     "predict_stage_kernel": "foreach",
     "predict_ddp_buckets": "True",
+    "predict_programs": "False",
     "read_copies": "False",
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
@@ -638,6 +640,61 @@ def test_a_compiled_model_takes_the_module_hooks_off(um: tuple[UmPath, Path]) ->
         "stat": 1,
         "hooks_wanted": False,
         "after_configure": [False, True],
+    }
+
+
+PROGRAM_PROBE = r"""
+import json, torch
+from torch.cuda import _um_program
+
+calls = []
+forwards = _um_program.ProgramForwards(lambda: calls.append("begin"), lambda: calls.append("end"))
+original = (torch.autograd.backward, torch.autograd.grad)
+forwards.install()
+forwards.install()  # once is enough
+w = torch.randn(4, 4, requires_grad=True)
+out = {}
+for step in range(2):
+    calls.clear()
+    loss = (torch.randn(2, 4) @ w).relu().sum()
+    calls.append("forward")
+    loss.backward()  # Tensor.backward goes through torch.autograd.backward
+    out[f"step{step}"] = list(calls)
+calls.clear()
+(g,) = torch.autograd.grad((torch.randn(2, 4) @ w).sum(), [w])
+out["grad"] = list(calls)
+calls.clear()
+try:
+    torch.autograd.backward(torch.zeros(()))  # no graph: raises
+except RuntimeError:
+    pass
+out["raised"] = list(calls)
+calls.clear()
+forwards.remove()
+out["removed"] = list(calls)
+out["restored"] = (torch.autograd.backward, torch.autograd.grad) == original
+w.grad = None
+(w @ w).sum().backward()
+out["after_remove"] = calls[1:]
+print(json.dumps(out))
+"""
+
+
+def test_program_forwards_are_begun_and_ended_by_backward(um: tuple[UmPath, Path]) -> None:
+    """Note [A program's forward between two backwards] (_um_program.py): wrapped once,
+    torch.autograd.backward and grad end the open forward as they are called and begin the
+    next as they return (also when they raise); remove() puts them back and ends this
+    thread's open forward."""
+    _, venv = um
+    got = probe(venv, PROGRAM_PROBE)
+    assert got == {
+        "step0": ["forward", "end", "begin"],
+        "step1": ["forward", "end", "begin"],
+        "grad": ["end", "begin"],
+        "raised": ["end", "begin"],
+        "removed": ["end"],
+        "restored": True,
+        "after_remove": [],
     }
 
 

@@ -207,6 +207,9 @@ class _Forward:
         self.chained = chained
         self.queue = queue
         self.params = params
+        # a program's forward (Note [A program's forward between two backwards],
+        # _um_program.py): no module tells its parameters, so every leaf save stays
+        self.program = False
         self.device = device
         self.evicted = evicted
         self.decided: dict[tuple[int, int], _Stored | None] = {}  # None: kept on the device
@@ -288,6 +291,8 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         self.trimmed = False  # the allocator's cache given back once (Note [The cache ...])
         self._warming: threading.Thread | None = None
         self._window: _Window | None = None
+        self._program: torch.nn.Module | None = None  # begin_program's target key
+        self.programs = False  # predict_programs wanted now (um.py's watcher sets it)
         self._latest: weakref.ref[plan.PrefetchQueue] | None = None
         self.stats = dict.fromkeys(
             (
@@ -306,6 +311,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
                 "room_stops",
                 "lookahead_stops",
                 "trims",
+                "program_forwards",
             ),
             0,
         )
@@ -330,6 +336,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
     # ---- module hooks: the outermost forward (plan.OutermostForward's enter, exit) ---
 
     def _begin(self, module: torch.nn.Module, args: object = ()) -> _Forward | None:
+        self._close_program()
         if not torch.is_grad_enabled() or torch.cuda.is_current_stream_capturing():
             return None
         graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
@@ -395,7 +402,8 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         return max(0, host_cap)
 
     def _end(self, fwd: _Forward) -> None:
-        torch._C._autograd._pop_saved_tensors_default_hooks()
+        if self._ours_on_top():
+            torch._C._autograd._pop_saved_tensors_default_hooks()
         _, room = self._counters(fwd.device)
         with self._lock:
             for stored in fwd.decided.values():
@@ -507,10 +515,54 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
     def _abandon(self, fwd: _Forward) -> None:
         """The hooks came off during ``fwd``'s forward: its saved-tensor hooks are taken off
         this thread, if they are still the innermost (the program's own are never popped)."""
+        if self._ours_on_top():
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
+    def _ours_on_top(self) -> bool:
+        """Whether this thread's innermost saved-tensor hooks are this offload's."""
         top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
         hooks = top(False) if top is not None else None
-        if hooks is not None and hooks[0] == self.pack:
-            torch._C._autograd._pop_saved_tensors_default_hooks()
+        return hooks is not None and hooks[0] == self.pack
+
+    # ---- a program's forward (Note [A program's forward between two backwards],
+    # _um_program.py): begun as a backward returns, ended as the next is called --------
+
+    def begin_program(self) -> None:
+        """Begins this thread's program forward, unless a forward is under way on it or
+        the offload is off; never raises (it runs as a backward returns)."""
+        try:
+            st = self._state()
+            if st.depth or st.run is not None or not (self.active and self.programs):
+                return
+            if self._program is None:
+                self._program = torch.nn.Module()  # the program's forwards' target key
+            run = self._begin(self._program, ())
+            if run is not None:
+                run.program = True
+                st.run = run
+                with self._lock:
+                    self.stats["program_forwards"] += 1
+        except Exception:  # a forward not offloaded costs speed only
+            return
+
+    def end_program(self) -> None:
+        """Ends this thread's program forward, if one is open (as a backward is called)."""
+        try:
+            if not self._state().depth:
+                self._close_program()
+        except Exception:
+            return
+
+    def _close_program(self) -> None:
+        """Ends this thread's program forward left open, if any: also when a module's
+        forward begins (the module hooks came on while it was open), whose own saved-tensor
+        hooks would otherwise find the program's on top and take them for the program's
+        own."""
+        st = self._tls
+        run = getattr(st, "run", None)
+        if run is not None and run.program:
+            st.run = None
+            self._end(run)
 
     # ---- saved-tensor hooks ------------------------------------------------------------
 
@@ -530,7 +582,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
         ptr = storage.data_ptr()
-        if nbytes < MIN_BYTES or ptr in fwd.params:
+        if nbytes < MIN_BYTES or ptr in fwd.params or (fwd.program and t.is_leaf):
             return t
         key = (ptr, t._version)
         with self._lock:

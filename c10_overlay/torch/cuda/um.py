@@ -361,6 +361,7 @@ def configure(
     predict_copy_kernel: str | None = None,
     predict_stage_kernel: str | None = None,
     predict_ddp_buckets: bool | None = None,
+    predict_programs: bool | None = None,
     read_copies: bool | None = None,
     host_alloc: str | None = None,
     host_alloc_min: Size | None = None,
@@ -408,6 +409,7 @@ def configure(
         ("evict_warm_first", evict_warm_first),
         ("predict", predict),
         ("predict_ddp_buckets", predict_ddp_buckets),
+        ("predict_programs", predict_programs),
         ("read_copies", read_copies),
         ("host_copy_kernel", host_copy_kernel),
         ("pageable_copy_cpu", pageable_copy_cpu),
@@ -1729,12 +1731,50 @@ def _watch_pressure() -> None:
         while not _watch_stop.wait(0.1):
             hooks_ok = _sync_hooks()
             _sync_op_signal()
+            _sync_program_forwards()
             if not hooks_ok:
                 return
 
     _watch_thread = threading.Thread(target=watch, name="torch.cuda.um pressure watch", daemon=True)
     _watch_thread.start()
     atexit.register(_stop_watch)
+
+
+# Note [A program's forward between two backwards] (torch/cuda/_um_program.py): with
+# predict_programs, while the operator observer drives (no module forward under the hooks),
+# the saved-activation offload runs over the program's forward between two backward calls.
+_program_forwards: Any = None
+
+
+def _sync_program_forwards() -> None:
+    """Let the offload begin program forwards, or stop it, as the pressure, the settings
+    and the signal that drives want now (the watcher's poll). torch.autograd's backward
+    and grad stay wrapped once wrapped: a forward left open ends at the next backward."""
+    global _program_forwards
+    lib = _lib
+    if lib is None:
+        return
+    with _hooks_lock:
+        # _op_signal_on: the observer drives (Note [Which signal drives the engine]); module
+        # hooks may be installed and idle (no module forward), or off
+        wanted = (
+            _op_signal_on
+            and get_config().get("predict_programs") == "True"
+            and bool(lib.torch_um_under_pressure())
+        )
+        offloader = _predictor() if wanted else _offloader
+        if offloader is None:
+            return
+        if wanted and _program_forwards is None:
+            from torch.cuda import _um_program
+
+            _program_forwards = _um_program.ProgramForwards(
+                offloader.begin_program, offloader.end_program
+            )
+            _program_forwards.install()
+        if wanted and not offloader.programs:
+            offloader.active = True
+        offloader.programs = wanted
 
 
 # ---- wiring into torch (injection path) --------------------------------------

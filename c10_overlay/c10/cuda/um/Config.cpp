@@ -16,7 +16,7 @@ constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
     "discard, hooks, op_signal, op_lookahead, evict_warm_first, predict, predict_lookahead, "
     "predict_copy_sms, "
-    "predict_copy_kernel, predict_stage_kernel, predict_ddp_buckets, "
+    "predict_copy_kernel, predict_stage_kernel, predict_ddp_buckets, predict_programs, "
     "read_copies, host_alloc, "
     "host_alloc_min, host_copy_kernel, host_copy_cpu_share, pageable_copy_cpu, "
     "pin_in_place";
@@ -208,6 +208,8 @@ std::string Config::str() const {
   s += predict_stage_lean ? "lean" : "foreach";
   s += ",predict_ddp_buckets:";
   s += predict_ddp_buckets ? "True" : "False";
+  s += ",predict_programs:";
+  s += predict_programs ? "True" : "False";
   s += ",read_copies:";
   s += read_copies ? "True" : "False";
   s += ",host_alloc:";
@@ -266,6 +268,8 @@ Config parseConfig(
       cfg.evict_warm_first = parseBool(key, value, source);
     } else if (key == "predict_ddp_buckets") {
       cfg.predict_ddp_buckets = parseBool(key, value, source);
+    } else if (key == "predict_programs") {
+      cfg.predict_programs = parseBool(key, value, source);
     } else if (key == "predict_lookahead") {
       cfg.predict_lookahead = requireBytes(key, value, source);
       TORCH_CHECK(

@@ -94,6 +94,11 @@ struct Config {
   // a copy and come back without one (Note [DDP's buckets between steps],
   // torch/cuda/_um_ddp.py).
   bool predict_ddp_buckets = true;
+  // With predict, while no module hook drives (plain tensors, compiled models,
+  // hooks:False): the saved-activation offload for the program's forward,
+  // begun and ended by torch.autograd.backward (Note [A program's forward
+  // between two backwards], torch/cuda/_um_program.py). Off until measured.
+  bool predict_programs = false;
   // Data its user only reads (parameters in a forward without autograd)
   // comes back to the device as a read-only copy, which leaves without a
   // write-back (Note [Read-only duplicates] in Residency.h). Off by default:
