@@ -698,6 +698,69 @@ def test_program_forwards_are_begun_and_ended_by_backward(um: tuple[UmPath, Path
     }
 
 
+PROGRAM_RUN_PROBE = r"""
+import json, torch
+from torch.cuda import _um_predict as P
+
+# no GPU here: nothing is being captured, device 0, no cache to give back
+torch.cuda.current_device = lambda: 0
+torch.cuda.is_current_stream_capturing = lambda: False
+torch.cuda.empty_cache = lambda: None
+ag = torch._C._autograd
+out = {"has_top": hasattr(ag, "_top_saved_tensors_default_hooks")}
+if out["has_top"]:
+    off = P.Offloader(lambda device: (0, 0), lambda: 1 << 30, 1 << 30, 100)
+    ours = lambda: (ag._top_saved_tensors_default_hooks(False) or (None,))[0] == off.pack
+    off.begin_program()  # programs off: nothing begins
+    out["off"] = [off.current() is None, ours()]
+    off.programs = True
+    off.begin_program()
+    run = off.current()
+    out["begun"] = [run is not None and run.program, ours()]
+    off.begin_program()  # one is open: no second
+    out["once"] = off.current() is run and off.stats["program_forwards"] == 1
+    w = torch.randn(4, 4, requires_grad=True)  # a leaf: its saves stay
+    out["leaf_kept"] = off.pack(w) is w
+    off.end_program()
+    out["ended"] = [off.current() is None, ours(), off.stats["forwards"]]
+    # Left open when a module's forward begins (the module hooks came back): closed first,
+    # and the module's forward gets the offload's hooks, not the program's mistaken for the
+    # program's own.
+    off.begin_program()
+    module = torch.nn.Linear(2, 2)
+    fwd = off._begin(module)
+    out["module_after_program"] = [fwd is not None and not fwd.program, ours()]
+    if fwd is not None:
+        off._end(fwd)
+    out["stack_clean"] = ag._top_saved_tensors_default_hooks(False) is None
+print(json.dumps(out))
+"""
+
+
+def test_a_program_forward_keeps_the_hooks_stack_clean(um: tuple[UmPath, Path]) -> None:
+    """Offloader.begin_program / end_program (Note [A program's forward between two
+    backwards], _um_program.py): nothing begins while program forwards are off; one begins
+    and pushes the offload's saved-tensor hooks, once; a leaf's save stays; its end pops
+    them; a program forward left open when a module's forward begins is closed first, so
+    that the module's forward is offloaded; the stack is as it was. torch 2.6, which cannot
+    tell whose hooks are on top, gets none of it."""
+    _, venv = um
+    got = probe(venv, PROGRAM_RUN_PROBE)
+    if not got["has_top"]:
+        assert got == {"has_top": False}
+        return
+    assert got == {
+        "has_top": True,
+        "off": [True, False],
+        "begun": [True, True],
+        "once": True,
+        "leaf_kept": True,
+        "ended": [True, False, 1],
+        "module_after_program": [True, True],
+        "stack_clean": True,
+    }
+
+
 def test_copy_stream_falls_back_and_says_why(um: tuple[UmPath, Path]) -> None:
     """Note [Lean copies], Note [Copies on few SMs]: where neither the lean copy kernel
     (asked for) nor a green context can be had, the weight streamer's copies take the plain
