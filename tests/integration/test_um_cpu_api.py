@@ -719,8 +719,9 @@ if out["has_top"]:
     out["begun"] = [run is not None and run.program, ours()]
     off.begin_program()  # one is open: no second
     out["once"] = off.current() is run and off.stats["program_forwards"] == 1
-    w = torch.randn(4, 4, requires_grad=True)  # a leaf: its saves stay
-    out["leaf_kept"] = off.pack(w) is w
+    w = torch.randn(4, 4, requires_grad=True)  # a leaf: its saves, and its views', stay
+    h = w * 2
+    out["leaves"] = [P._of_a_leaf(t) for t in (w, w.t(), h, h.t())]
     off.end_program()
     out["ended"] = [off.current() is None, ours(), off.stats["forwards"]]
     # Left open when a module's forward begins (the module hooks came back): closed first,
@@ -740,7 +741,8 @@ print(json.dumps(out))
 def test_a_program_forward_keeps_the_hooks_stack_clean(um: tuple[UmPath, Path]) -> None:
     """Offloader.begin_program / end_program (Note [A program's forward between two
     backwards], _um_program.py): nothing begins while program forwards are off; one begins
-    and pushes the offload's saved-tensor hooks, once; a leaf's save stays; its end pops
+    and pushes the offload's saved-tensor hooks, once; a leaf's saves (a view's too) stay,
+    an activation's do not; its end pops
     them; a program forward left open when a module's forward begins is closed first, so
     that the module's forward is offloaded; the stack is as it was. torch 2.6, which cannot
     tell whose hooks are on top, gets none of it."""
@@ -754,7 +756,7 @@ def test_a_program_forward_keeps_the_hooks_stack_clean(um: tuple[UmPath, Path]) 
         "off": [True, False],
         "begun": [True, True],
         "once": True,
-        "leaf_kept": True,
+        "leaves": [True, True, False, False],
         "ended": [True, False, 1],
         "module_after_program": [True, True],
         "stack_clean": True,

@@ -208,7 +208,7 @@ class _Forward:
         self.queue = queue
         self.params = params
         # a program's forward (Note [A program's forward between two backwards],
-        # _um_program.py): no module tells its parameters, so every leaf save stays
+        # _um_program.py): no module tells its parameters, so leaves' saves stay (_of_a_leaf)
         self.program = False
         self.device = device
         self.evicted = evicted
@@ -245,6 +245,14 @@ class _Window:
         """``fwd``, chained to this window's forwards, ended with ``room`` free."""
         self.room = min(self.room, room)
         self.parts.append(_Part(fwd, target))
+
+
+def _of_a_leaf(t: torch.Tensor) -> bool:
+    """A leaf (a weight, an input) or a view of one: its storage lives on with the
+    program, so a copy of it would free nothing (a program forward's saves, which no
+    module's parameters tell apart)."""
+    base = t._base
+    return bool(t.is_leaf or (base is not None and base.is_leaf))
 
 
 def _has_history(args: object) -> bool:
@@ -582,7 +590,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
         ptr = storage.data_ptr()
-        if nbytes < MIN_BYTES or ptr in fwd.params or (fwd.program and t.is_leaf):
+        if nbytes < MIN_BYTES or ptr in fwd.params or (fwd.program and _of_a_leaf(t)):
             return t
         key = (ptr, t._version)
         with self._lock:
