@@ -733,6 +733,17 @@ if out["has_top"]:
     out["module_after_program"] = [fwd is not None and not fwd.program, ours()]
     if fwd is not None:
         off._end(fwd)
+    # A backward called under the program's own hooks (inside save_on_cpu): the forward's
+    # end leaves theirs, and ours beneath them, which the next forward's begin pops.
+    off.begin_program()
+    ag._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
+    off.end_program()
+    ag._pop_saved_tensors_default_hooks()
+    stale = ours()
+    fwd = off._begin(module)
+    out["stale_popped"] = [stale, fwd is not None]
+    if fwd is not None:
+        off._end(fwd)
     out["stack_clean"] = ag._top_saved_tensors_default_hooks(False) is None
 print(json.dumps(out))
 """
@@ -759,6 +770,7 @@ def test_a_program_forward_keeps_the_hooks_stack_clean(um: tuple[UmPath, Path]) 
         "leaves": [True, True, False, False],
         "ended": [True, False, 1],
         "module_after_program": [True, True],
+        "stale_popped": [True, True],
         "stack_clean": True,
     }
 
@@ -887,7 +899,7 @@ off = P.Offloader(lambda device: (650, 0), lambda: 10_000, 1 << 30, 100)
 fwd = P._Forward(0, P.plan.PrefetchQueue(1 << 30, 0), set(), 0, 0)
 fwd.saves = [(100, True), (200, False), (300, False), (400, False)]
 fwd.plan.seen, fwd.plan.offloaded = 1000, 100
-torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
+torch._C._autograd._push_saved_tensors_default_hooks(off.pack, off.unpack)  # as _begin did
 off._end(fwd)  # opens the kept saves' window: nothing learnt yet
 out = {"open": off._window is not None, "target_at_end": off.target.bytes}
 off._learn(off._window)  # the target grows to 650: the next forward sends the first four saves
@@ -908,7 +920,7 @@ off2.target.bytes = 300
 fwd = P._Forward(300, P.plan.PrefetchQueue(1 << 30, 0), set(), 0, 0)
 fwd.saves = [(100, True), (200, True), (300, False)]
 fwd.plan.seen, fwd.plan.offloaded = 600, 300
-torch._C._autograd._push_saved_tensors_default_hooks(lambda t: t, lambda t: t)
+torch._C._autograd._push_saved_tensors_default_hooks(off2.pack, off2.unpack)
 off2._end(fwd)
 off2._learn(off2._window)
 out["unchanged"] = {"started": off2._warming is not None, "room_reads": len(rooms)}

@@ -571,6 +571,10 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         if run is not None and run.program:
             st.run = None
             self._end(run)
+        elif run is None and self._ours_on_top():
+            # left by a forward that ended under the program's own hooks (a backward
+            # called inside save_on_cpu), which _end does not pop
+            torch._C._autograd._pop_saved_tensors_default_hooks()
 
     # ---- saved-tensor hooks ------------------------------------------------------------
 
