@@ -8,7 +8,7 @@ driver runs at 7-11 GB/s; it is what keeps module programs near their floor. Its
 saved-tensor hooks need a begin and an end on the program's thread, and the outermost
 module's forward gave them. A program of plain tensors has no module, and a compiled
 model runs without the module hooks (Note [A compiled model is driven by operators],
-um.py), so both evict their activations by the driver's route: 2.9-3.9x their floor in
+um.py), so both evict their activations by the driver's route: 3.4-3.9x their floor in
 step 57 (docs/notes/step-57-victims-as-runs.md). But the saved-tensor hooks need no
 module: autograd calls them for every save on the thread, a compiled graph's included.
 What ends a training iteration's forward, whatever the program, is its backward, and
