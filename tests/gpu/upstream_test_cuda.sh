@@ -90,14 +90,16 @@ if [ -d "$STAGE/pylib" ]; then
   UM_PYTHONPATH="$UM_PYTHONPATH:$STAGE/pylib"
 fi
 
-# Which torch each run imports, and the +um run's cap: 80 % of free memory now.
-PROBE='import torch, json
+# Which torch each run imports (staged here or the host's own: no path of the host goes into
+# the record), and the +um run's cap: 80 % of free memory now.
+PROBE='import sys, torch, json
 f, t = torch.cuda.mem_get_info()
 print(json.dumps({"torch": torch.__version__, "git": torch.version.git_version,
   "um": hasattr(torch.cuda, "um"), "gpu": torch.cuda.get_device_name(),
-  "free": f, "total": t, "file": torch.__file__}))'
-STOCK_INFO=$(PYTHONPATH="$STOCK_PYTHONPATH" "$PY" -c "$PROBE") || fail "the stock torch does not import"
-UM_INFO=$(PYTHONPATH="$UM_PYTHONPATH" "$PY" -c "$PROBE") || fail "the +um torch does not import"
+  "free": f, "total": t,
+  "from": "staged" if torch.__file__.startswith(sys.argv[1]) else "installed"}))'
+STOCK_INFO=$(PYTHONPATH="$STOCK_PYTHONPATH" "$PY" -c "$PROBE" "$STAGE") || fail "the stock torch does not import"
+UM_INFO=$(PYTHONPATH="$UM_PYTHONPATH" "$PY" -c "$PROBE" "$STAGE") || fail "the +um torch does not import"
 echo "stock: $STOCK_INFO"
 echo "+um:   $UM_INFO"
 case "$STOCK_INFO" in *'"um": false'*) ;; *) fail "the stock run would import a +um torch";; esac
