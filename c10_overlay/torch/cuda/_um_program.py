@@ -24,68 +24,38 @@ Programs that call the functions bound before the first wrap (``from torch.autog
 import backward``) are not seen.
 
 Thread safety: each thread has its own open forward (the offload keeps it in its
-thread-local state); install() and remove() may be called from any thread, and a
-thread's forward left open when they come off is abandoned at its next save."""
+thread-local state); wrap_backward() is called once, from any thread."""
 
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["ProgramForwards"]
+__all__ = ["wrap_backward"]
 
 
-class ProgramForwards:
-    """Wraps torch.autograd.backward and torch.autograd.grad while installed: ``end()``
-    before each call, ``begin()`` after it. Both are the offload's (Offloader.end_program,
-    Offloader.begin_program) and must not raise."""
+def wrap_backward(begin: Callable[[], object], end: Callable[[], object]) -> None:
+    """Wraps torch.autograd.backward and torch.autograd.grad for good: ``end()`` before
+    each call, ``begin()`` after it (also when it raises). Both are the offload's
+    (Offloader.end_program, Offloader.begin_program) and must not raise. Call once a
+    process (um.py's watcher does, under its lock)."""
+    for name in ("backward", "grad"):
+        original = getattr(torch.autograd, name)
+        setattr(torch.autograd, name, _wrapped(original, begin, end))
 
-    NAMES = ("backward", "grad")
 
-    def __init__(self, begin: Callable[[], object], end: Callable[[], object]) -> None:
-        self._begin = begin
-        self._end = end
-        self._lock = threading.Lock()
-        self._originals: dict[str, Callable[..., Any]] = {}
+def _wrapped(
+    original: Callable[..., Any], begin: Callable[[], object], end: Callable[[], object]
+) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        end()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            begin()
 
-    @property
-    def installed(self) -> bool:
-        return bool(self._originals)
-
-    def install(self) -> None:
-        with self._lock:
-            if self._originals:
-                return
-            for name in self.NAMES:
-                original = getattr(torch.autograd, name)
-                self._originals[name] = original
-                setattr(torch.autograd, name, self._wrap(original))
-
-    def remove(self) -> None:
-        """Puts the functions back (unless the program replaced them since) and ends this
-        thread's open forward."""
-        with self._lock:
-            originals, self._originals = self._originals, {}
-            for name, original in originals.items():
-                current = getattr(torch.autograd, name)
-                if getattr(current, "__wrapped__", None) is original:
-                    setattr(torch.autograd, name, original)
-        if originals:
-            self._end()
-
-    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        begin, end = self._begin, self._end
-
-        @functools.wraps(original)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            end()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                begin()
-
-        return call
+    return call

@@ -1555,7 +1555,11 @@ def predict_stats() -> dict[str, int]:
     counts every hold), ``predict.workspace_clears`` (times every workspace was freed
     to find one), ``predict.workspaces_left_alone`` (pairs not held) and
     ``predict.workspaces_per_call`` (1: this torch gives each GEMM a workspace of its own,
-    torch 2.15 and later by default, and there is none to hold)."""
+    torch 2.15 and later by default, and there is none to hold); ``predict.program_forwards``
+    (forwards offloaded between two backward calls, ``predict_programs``: Note [A program's
+    forward between two backwards], torch/cuda/_um_program.py); ``predict.compiled_model``
+    (1 once a compiled module was called: Note [A compiled model is driven by
+    operators])."""
     out = {} if _offloader is None else dict(_offloader.counters())
     if _stager is not None:
         out.update(_stager.counters())
@@ -1743,14 +1747,14 @@ def _watch_pressure() -> None:
 # Note [A program's forward between two backwards] (torch/cuda/_um_program.py): with
 # predict_programs, while the operator observer drives (no module forward under the hooks),
 # the saved-activation offload runs over the program's forward between two backward calls.
-_program_forwards: Any = None
+_backward_wrapped = False
 
 
 def _sync_program_forwards() -> None:
     """Let the offload begin program forwards, or stop it, as the pressure, the settings
     and the signal that drives want now (the watcher's poll). torch.autograd's backward
     and grad stay wrapped once wrapped: a forward left open ends at the next backward."""
-    global _program_forwards
+    global _backward_wrapped
     lib = _lib
     if lib is None:
         return
@@ -1765,13 +1769,11 @@ def _sync_program_forwards() -> None:
         offloader = _predictor() if wanted else _offloader
         if offloader is None:
             return
-        if wanted and _program_forwards is None:
+        if wanted and not _backward_wrapped:
             from torch.cuda import _um_program
 
-            _program_forwards = _um_program.ProgramForwards(
-                offloader.begin_program, offloader.end_program
-            )
-            _program_forwards.install()
+            _um_program.wrap_backward(offloader.begin_program, offloader.end_program)
+            _backward_wrapped = True
         if wanted and not offloader.programs:
             offloader.active = True
         offloader.programs = wanted
