@@ -121,3 +121,31 @@ def test_plain_tensors_offload_their_saves_with_predict_programs(
     assert got.get("predict.program_forwards", 0) > before.get("predict.program_forwards", 0)
     assert got.get("predict.offloaded_bytes", 0) > before.get("predict.offloaded_bytes", 0)
     assert under == in_memory
+
+
+class _Squares(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor([float(i * i)])
+
+
+def test_dataloader_workers_start_after_saves_came_back_ahead(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """Note [One event a thread for stream waits] (torch/cuda/_um_streams.py): the offload's
+    copies back ahead wait on autograd's device thread; a fork after them (a DataLoader
+    starting its workers, pin_memory too) must not destroy CUDA objects of that thread in
+    the child. Step 58's suite: the workers died with "CUDA error: initialization error"
+    when this ran after a test that offloaded saves."""
+    release_cache(torch)
+    um.configure(device_budget=BUDGET, policy="lru", op_signal=True, predict_programs=True)
+    before = um.predict_stats()
+    _plain_losses(5, pause=0.5)
+    got = um.predict_stats()
+    assert got.get("predict.ahead_bytes", 0) > before.get("predict.ahead_bytes", 0), got
+    release_cache(torch)
+    loader = torch.utils.data.DataLoader(_Squares(), batch_size=16, num_workers=2, pin_memory=True)
+    seen = sorted(int(v) for batch in loader for v in batch.flatten().tolist())
+    assert seen == [i * i for i in range(64)]

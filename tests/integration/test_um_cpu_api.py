@@ -49,7 +49,7 @@ RESIDENCY = {
     "predict_copy_kernel": "lean",
     "predict_stage_kernel": "foreach",
     "predict_ddp_buckets": "True",
-    "predict_programs": "False",
+    "predict_programs": "True",
     "read_copies": "False",
     "host_alloc": "default",
     "host_alloc_min": str(1 << 20),
@@ -1355,6 +1355,68 @@ def test_nothing_comes_back_while_the_kept_saves_are_read(um: tuple[UmPath, Path
     _, venv = um
     got = probe(venv, KEPT_PHASE_PROBE)
     assert got == {"while_open": [], "after_close": ["cpu"]}
+
+
+FORK_PROBE = r"""
+import json, os, threading, time, weakref, torch
+from torch.cuda import _um_streams as S
+
+r, w = os.pipe()
+made = []
+
+class Event:  # stands in for torch.cuda.Event: says where it is destroyed
+    def __init__(self):
+        self.records = 0
+        made.append(weakref.ref(self))
+    def record(self, stream):
+        self.records += 1
+    def __del__(self):
+        os.write(w, f"{os.getpid()}\n".encode())
+
+class Stream:
+    device_index = 0
+    def wait_event(self, event):
+        pass
+
+torch.cuda.Event = Event
+go, done = threading.Event(), threading.Event()
+
+def autograd_like_thread():  # a thread that waits through the fork, as autograd's do
+    S.wait_stream(Stream(), Stream())
+    go.set()
+    done.wait()
+
+t = threading.Thread(target=autograd_like_thread)
+t.start()
+go.wait()
+S.wait_stream(Stream(), Stream())  # this thread's own
+child = os.fork()
+if child == 0:
+    time.sleep(0.2)  # the child's thread states are cleared at the fork; give it time
+    os._exit(0)
+os.waitpid(child, 0)
+done.set()
+t.join()
+os.set_blocking(r, False)
+try:
+    destroyed_in = os.read(r, 4096).decode().split()
+except BlockingIOError:  # nothing destroyed anywhere
+    destroyed_in = []
+alive = [e() for e in made if e() is not None]
+out = {"events": len(alive), "records": sorted(e.records for e in alive)}
+out["destroyed_in_child"] = str(child) in destroyed_in
+print(json.dumps(out))
+"""
+
+
+def test_stream_wait_events_are_not_destroyed_in_a_forked_child(um: tuple[UmPath, Path]) -> None:
+    """Note [One event a thread for stream waits]: the events of stream waits made on
+    another thread (autograd's, in the offload's copies back) live in a module dict, not a
+    thread-local, which a forked child (a DataLoader's worker) clears, destroying CUDA
+    events where CUDA cannot be called; the child keeps what it inherited, unfreed."""
+    _, venv = um
+    got = probe(venv, FORK_PROBE)
+    assert got == {"events": 2, "records": [1, 1], "destroyed_in_child": False}
 
 
 ON_STREAM_PROBE = r"""

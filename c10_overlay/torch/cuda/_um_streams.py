@@ -26,6 +26,7 @@ compute stream within the forward.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -55,19 +56,37 @@ _get_device = getattr(torch._C, "_cuda_getDevice", None)
 # wait takes the event's latest record at the time of the call, so one event per thread
 # and device, recorded again for each wait, orders the same; one per thread, because
 # another thread's record between this one's record and wait would be waited for instead.
-_waits = threading.local()
+#
+# The events are kept in a module dict keyed by thread, not in a threading.local: autograd's
+# device threads call this too (the offload's copies back ahead, from unpack), and when the
+# process forks (a DataLoader starting its workers), the child clears every other thread's
+# state, thread-locals included, so their events were destroyed in the child, whose CUDA
+# calls fail: it died with "CUDA error: initialization error" (the GPU suite's DataLoader
+# test, run after a test that offloaded saves; step 58). A forked child keeps the dict it
+# inherited and never frees it (_forget_in_child): no CUDA object of the parent's is
+# destroyed there. A thread's identifier may be reused once it has ended, and its event
+# with it, which orders the same.
+_wait_events: dict[tuple[int, int], torch.cuda.Event] = {}  # (thread, device) -> event
+_inherited: list[object] = []  # a forked child's copies of the parent's events, never freed
+
+
+def _forget_in_child() -> None:
+    global _wait_events
+    _inherited.append(_wait_events)
+    _wait_events = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def wait_stream(waiter: torch.cuda.Stream, waited: torch.cuda.Stream) -> None:
     """``waiter.wait_stream(waited)`` without making an event: ``waiter``'s later work
     runs after everything queued on ``waited`` so far. Both on the same device."""
-    events: dict[int, torch.cuda.Event] | None = getattr(_waits, "events", None)
-    if events is None:
-        events = _waits.events = {}
-    device = waited.device_index
-    event = events.get(device)
+    key = (threading.get_ident(), waited.device_index)
+    event = _wait_events.get(key)
     if event is None:
-        event = events[device] = torch.cuda.Event()
+        event = _wait_events[key] = torch.cuda.Event()
     event.record(waited)
     waiter.wait_event(event)
 
