@@ -136,6 +136,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -320,6 +321,8 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
                 "lookahead_stops",
                 "trims",
                 "program_forwards",
+                "warm_ns",
+                "warm_wait_ns",
             ),
             0,
         )
@@ -374,8 +377,11 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         )
         if not chained:
             self._learn(self._window)
+        waited = time.perf_counter_ns()
         self._join_warming()  # its buffers are in the host allocator's cache after this
+        waited = time.perf_counter_ns() - waited
         with self._lock:
+            self.stats["warm_wait_ns"] += waited
             queue = plan.PrefetchQueue(self.max_lookahead, self.lookahead)
             if not chained:  # a chain's saves that left are mostly its first forward's
                 self._latest = weakref.ref(queue)
@@ -499,6 +505,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         the host allocator caches them for the next forward's copies. A refusal stops
         a thread; the forward then takes what is missing itself, as before."""
         made = [0] * WARM_THREADS
+        began = time.perf_counter_ns()
 
         def make(k: int) -> None:
             held = []
@@ -519,6 +526,7 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         with self._lock:
             self.warmed += sum(made)
             self.stats["warmed_bytes"] += sum(made)
+            self.stats["warm_ns"] += time.perf_counter_ns() - began
 
     def _abandon(self, fwd: _Forward) -> None:
         """The hooks came off during ``fwd``'s forward: its saved-tensor hooks are taken off

@@ -1499,6 +1499,8 @@ def predict_stats() -> dict[str, int]:
     page-locked memory was refused), ``predict.host_limited`` (forwards that offloaded
     less to leave ``host_headroom`` of host RAM), ``predict.warmed_bytes`` (page-locked
     buffers made ahead of the forward that takes them, Note [Host buffers made ahead]),
+    ``predict.warm_ns`` / ``predict.warm_wait_ns`` (host time the threads took to make them,
+    and that the next forward's start waited for them),
     ``predict.register_route`` (1: page-locked buffers are made by cudaHostRegister,
     Note [Page-locked buffers by registration], torch/cuda/_um_pinned.py),
     ``predict.room_stops`` /

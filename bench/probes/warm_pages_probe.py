@@ -1,0 +1,169 @@
+"""Which page histories make the driver's eviction fast, straight through libcudart.
+
+The engine evicts live managed data by prefetch to the CPU, at about 3 GB/s into host pages a
+range never had and 10-12 GB/s into pages it had before (Note [First evictions], Residency.h).
+A module class's second step spends most of its time on such first evictions (4.5-6.6 GiB,
+docs/notes/step-57-victims-as-runs.md). This probe asks which histories count as "had
+pages before", each on a fresh range advised as the engine advises every segment
+(PreferredLocation=host, AccessedBy=GPU), then placed on the GPU, written there by a
+kernel, and evicted (timed):
+
+- ``fresh``: placed on the GPU straight from cudaMallocManaged (what PlaceOnDevice does);
+- ``cpu-made``: its host pages made first by CPU threads (what MapHost does), then
+  prefetched to the GPU;
+- ``evicted-before``: evicted once before (the warm case of the engine's counters);
+- ``discarded-on-gpu``: evicted once, then brought back, discarded on the GPU and placed
+  again (a chunk that died and was handed out again);
+- ``cpu-made-discarded``: ``cpu-made``, then discarded on the GPU and placed again.
+
+Also: how fast the CPU threads make the pages, the prefetch of a ``cpu-made`` range to the
+GPU, and the process's resident host memory with the range on the GPU (does the driver keep
+the host pages?). Run on the GPU host:
+
+    python3 -m bench.probes.warm_pages_probe [GiB] [--json FILE]
+
+It refuses to run if a range of GiB is more than 80 % of the free GPU memory (one range
+exists at a time). Prints one line per history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from bench.probes.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, GiB
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def make_on_cpu(ptr: int, n: int, threads: int = 8) -> None:
+    """Write every byte of [ptr, ptr+n) from `threads` CPU threads (ctypes drops the GIL)."""
+    part = n // threads
+
+    def go(k: int) -> None:
+        ctypes.memset(ptr + k * part, 0, part if k < threads - 1 else n - k * part)
+
+    ts = [threading.Thread(target=go, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("gib", nargs="?", type=int, default=2)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    cuda = Cuda()
+    n = args.gib * GiB
+    free = cuda.free_bytes()
+    if n > 0.8 * free:
+        raise SystemExit(
+            f"{args.gib} GiB of managed memory is more than 80 % of the {free / GiB:.0f} GiB free"
+        )
+    rt = cuda.rt
+    rt.cudaMemDiscardBatchAsync.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_size_t,
+        ctypes.c_ulonglong,
+        ctypes.c_void_p,
+    ]
+    side = cuda.stream()  # the engine discards on a side stream, never the legacy one
+    rows: dict[str, float] = {}
+    facts: dict[str, float] = {}
+
+    def gbps(fn: Callable[[], object]) -> float:
+        cuda.sync()
+        t0 = time.perf_counter()
+        fn()
+        cuda.sync()
+        return n / (time.perf_counter() - t0) / 1e9
+
+    def discard(ptr: int) -> None:
+        ptrs = (ctypes.c_void_p * 1)(ptr)
+        sizes = (ctypes.c_size_t * 1)(n)
+        cuda.check(rt.cudaMemDiscardBatchAsync(ptrs, sizes, 1, 0, side), "cudaMemDiscardBatchAsync")
+
+    def on_gpu(ptr: int, value: int) -> None:
+        cuda.prefetch(ptr, n, DEVICE)
+        cuda.check(rt.cudaMemset(ptr, value, n), "cudaMemset")
+        cuda.sync()
+
+    def history(name: str, prepare: Callable[[int], None]) -> None:
+        with cuda.fresh(n) as ptr:
+            cuda.advise(ptr, n, PREFERRED, HOST)
+            cuda.advise(ptr, n, ACCESSED_BY, DEVICE)
+            prepare(ptr)
+            on_gpu(ptr, 7)
+            facts[f"{name}: host RSS with the range on the GPU, GiB"] = rss_bytes() / GiB
+            rows[f"{name}: evict"] = gbps(lambda: cuda.prefetch(ptr, n, HOST))
+            check = (ctypes.c_ubyte * 4096)()
+            cuda.check(rt.cudaMemcpy(check, ptr + n - 4096, 4096, 0), "cudaMemcpy")
+            if any(x != 7 for x in check):
+                raise SystemExit(f"{name}: data wrong after the eviction")
+            # The same range again: a second eviction with the same history.
+            on_gpu(ptr, 9)
+            rows[f"{name}: evict again"] = gbps(lambda: cuda.prefetch(ptr, n, HOST))
+
+    def cpu_made(ptr: int) -> None:
+        rows["cpu-made: make host pages, 8 threads"] = gbps(lambda: make_on_cpu(ptr, n))
+        rows["cpu-made: prefetch to the GPU"] = gbps(lambda: cuda.prefetch(ptr, n, DEVICE))
+
+    def evicted_before(ptr: int) -> None:
+        on_gpu(ptr, 1)
+        cuda.prefetch(ptr, n, HOST)
+        cuda.sync()
+
+    def discarded_on_gpu(ptr: int) -> None:
+        evicted_before(ptr)
+        on_gpu(ptr, 2)
+        discard(ptr)
+        cuda.sync()
+
+    def cpu_made_discarded(ptr: int) -> None:
+        make_on_cpu(ptr, n)
+        on_gpu(ptr, 3)
+        discard(ptr)
+        cuda.sync()
+
+    facts["host RSS at start, GiB"] = rss_bytes() / GiB
+    failed = []
+    for name, prepare in (
+        ("fresh", lambda ptr: None),
+        ("cpu-made", cpu_made),
+        ("evicted-before", evicted_before),
+        ("discarded-on-gpu", discarded_on_gpu),
+        ("cpu-made-discarded", cpu_made_discarded),
+    ):
+        try:
+            history(name, prepare)
+        except RuntimeError as e:  # a CUDA call refused: say which, keep the others
+            failed.append(f"{name}: {e}")
+            print(f"{name}: {e}")
+    for name, r in rows.items():
+        print(f"{name:48s} {r:8.1f} GB/s")
+    for name, v in facts.items():
+        print(f"{name:60s} {v:6.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"gib": args.gib, "rows": rows, "facts": facts, "failed": failed}, f, indent=1
+            )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
