@@ -52,9 +52,13 @@ Modes:
   um-nohooks   this engine at the budget with hooks:False: no module hook, so the operator
                signal drives whatever the program is made of (Note [Which signal drives the
                engine], um.py)
-  um-programs  this engine at the budget with predict_programs:True: where the signal drives,
-               saves leave by copy over the forward between two backwards (Note [A program's
-               forward between two backwards], torch/cuda/_um_program.py)
+  um-programs  this engine at the budget with predict_programs:True (the default since step
+               58): where the signal drives, saves leave by copy over the forward between two
+               backwards (Note [A program's forward between two backwards],
+               torch/cuda/_um_program.py)
+  um-noprograms  the same with predict_programs:False: the engine before step 58's default
+  um-ops       both: no module hook, and saves leave over the program's forward; what the
+               operator signal alone does for a program built from modules (issue 55, item 3)
 
 Every UM worker caps total managed memory at 80 % of the free memory it reads at start
 (bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
@@ -97,6 +101,8 @@ MODES = (
     "um-signal",
     "um-nohooks",
     "um-programs",
+    "um-ops",
+    "um-noprograms",
 )
 SIGNAL = "um-signal"  # the observer installed by hand (worker)
 PREV = "um-prev"
@@ -109,6 +115,8 @@ UM_CONF = {
     "um-signal": "",
     "um-nohooks": "hooks:False",
     "um-programs": "predict_programs:True",
+    "um-ops": "hooks:False,predict_programs:True",
+    "um-noprograms": "predict_programs:False",
 }
 LAYERS = 24
 WIDTH = 8192
@@ -321,7 +329,26 @@ STEP_COUNTERS = (
     "um.plan_victim_bytes",
     "um.fence_wait_ns",
     "um.op_signal_ns",
+    # the saved-activation offload's (torch.cuda.um.predict_stats)
+    "predict.offloaded_bytes",
+    "predict.ahead_bytes",
+    "predict.misses",
+    "predict.miss_bytes",
+    "predict.warmed_bytes",
+    "predict.warm_ns",
+    "predict.warm_wait_ns",
+    "predict.trims",
 )
+
+
+def _counters(um: Any) -> Callable[[], dict[str, int]]:
+    """The engine's counters and, where the wheel has them, the offload's."""
+    predict = getattr(um, "predict_stats", None)
+
+    def read() -> dict[str, int]:
+        return {**um.stats(), **(predict() if predict is not None else {})}
+
+    return read
 
 
 def run_program(
@@ -416,7 +443,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     before = um.stats() if um is not None else {}
     per_step: list[dict[str, int]] = []
     times, outs = run_program(
-        torch, args.klass, args.steps, WIDTH, um.stats if um is not None else None, per_step
+        torch, args.klass, args.steps, WIDTH, _counters(um) if um is not None else None, per_step
     )
     base.update(
         steps=times,

@@ -132,7 +132,7 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         op_signal=True,
         op_lookahead=0,
         evict_warm_first=True,
-        predict_programs=False,
+        predict_programs=True,
     )
     torch.cuda.set_per_process_memory_fraction(1.0)
 

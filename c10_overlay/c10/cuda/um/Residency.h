@@ -137,7 +137,13 @@
 // others only when none of those is left); without it, the farthest of
 // both, as one order. On by default since step 57: with victims leaving as
 // runs (below) it was the fastest of the three orders on both plain-tensor
-// classes (docs/notes/step-57-victims-as-runs.md).
+// classes (docs/notes/step-57-victims-as-runs.md). But the rate above was
+// measured on ranges without the engine's advice: a fresh range advised as
+// every segment is (PreferredLocation=host, AccessedBy=GPU) evicts at 12.5
+// GB/s, and no page history (made by the CPU first, evicted before,
+// discarded on the GPU) moves it out of 12-14 (bench.probes.warm_pages_probe,
+// docs/notes/step-58-programs-on.md). So what makes warm-first faster is not
+// yet known; evict_first_bytes stays a count, not a cost.
 //
 // Note [Victims leave as runs]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
