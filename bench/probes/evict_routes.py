@@ -181,19 +181,30 @@ def threaded(parts: list[Callable[[], None]]) -> None:
         t.join()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("gib", nargs="?", type=int, default=4)
+def ranges_setup(
+    doc: str | None, argv: list[str] | None, default_gib: int, ranges: int
+) -> tuple[argparse.Namespace, Cuda, int]:
+    """A probe's arguments (a range size in GiB, --json FILE), libcudart, and the range's
+    bytes; refuses to run if ``ranges`` ranges of that size would be more than 80 % of the
+    free GPU memory (the rule of every GPU run)."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    ap.add_argument("gib", nargs="?", type=int, default=default_gib)
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     cuda = Cuda()
     n = args.gib * GiB
     free = cuda.free_bytes()
-    if 2 * n > 0.8 * free:
+    if ranges * n > 0.8 * free:
         raise SystemExit(
-            f"{2 * args.gib} GiB of managed memory is more than 80 % of the "
+            f"{ranges * args.gib} GiB of managed memory is more than 80 % of the "
             f"{free / GiB:.0f} GiB free"
         )
+    return args, cuda, n
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, cuda, n = ranges_setup(__doc__, argv, 4, 2)
+    free = cuda.free_bytes()
     a, b = cuda.managed(n), cuda.managed(n)
     streams = [cuda.stream() for _ in range(8)]
     rows: list[tuple[str, float]] = []

@@ -74,10 +74,7 @@ def summarise(
     it: count, median and 90th percentile (ms), and the share slower than FULL_SPEED times
     the fastest reading of any idle phase."""
     idle = [
-        c
-        for t, c in readings
-        for p in phases
-        if p["name"] == "idle" and p["start"] <= t < p["end"]
+        c for t, c in readings for p in phases if p["name"] == "idle" and p["start"] <= t < p["end"]
     ]
     if not idle:
         raise BenchError("no canary reading fell in an idle phase: is the watcher running?")

@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             f"two ranges of {n / GiB:.1f} GiB are more than 80 % of the {free / GiB:.0f} GiB "
             "of free GPU memory: pass a smaller size"
         )
+
     def save(path: str, **parts: Any) -> None:
         """The record: how it was run, where, the range size, then the probe's rows."""
         head = {"command": command_line("bench.probes.populate_probe"), "machine": machine(torch)}

@@ -100,6 +100,7 @@ def _ask(
 ) -> list[str]:
     """Send ``word`` to every worker (None: nothing), then read one line from each; with
     ``expect``, each line must be that word."""
+
     def stopped(p: subprocess.Popen[str]) -> SystemExit:
         return SystemExit(f"a worker stopped at {word or 'set-up'} (exit status {p.wait()})")
 

@@ -234,9 +234,7 @@ def kernels_by_stream(by_stream: dict[Any, list[tuple[Any, ...]]]) -> dict[str, 
     """Per stream: its kernels' count and busy seconds (their spans' union), and for the
     three busiest streams the seconds each pair of them ran kernels at once: whether a
     copy in and a copy out on two side streams overlapped, and with the compute stream."""
-    unions = {
-        str(k): _union([(sp[0], sp[1]) for sp in spans]) for k, spans in by_stream.items()
-    }
+    unions = {str(k): _union([(sp[0], sp[1]) for sp in spans]) for k, spans in by_stream.items()}
     busy = {k: sum(b - a for a, b in u) for k, u in unions.items()}
     rows: dict[str, Any] = {
         k: {"n": len(by_stream[s]), "busy_s": round(busy[k] / 1e6, 6)}

@@ -28,15 +28,21 @@ exists at a time). Prints one line per history.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import sys
-import threading
 import time
 from collections.abc import Callable
 
-from bench.probes.evict_routes import ACCESSED_BY, DEVICE, HOST, PREFERRED, Cuda, GiB
+from bench.probes.evict_routes import (
+    ACCESSED_BY,
+    DEVICE,
+    HOST,
+    PREFERRED,
+    GiB,
+    ranges_setup,
+    threaded,
+)
 
 
 def rss_bytes() -> int:
@@ -51,28 +57,15 @@ def make_on_cpu(ptr: int, n: int, threads: int = 8) -> None:
     """Write every byte of [ptr, ptr+n) from `threads` CPU threads (ctypes drops the GIL)."""
     part = n // threads
 
-    def go(k: int) -> None:
-        ctypes.memset(ptr + k * part, 0, part if k < threads - 1 else n - k * part)
+    def go(k: int) -> Callable[[], None]:
+        size = part if k < threads - 1 else n - k * part
+        return lambda: ctypes.memset(ptr + k * part, 0, size)
 
-    ts = [threading.Thread(target=go, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    threaded([go(k) for k in range(threads)])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("gib", nargs="?", type=int, default=2)
-    ap.add_argument("--json", help="write the rows here")
-    args = ap.parse_args(argv)
-    cuda = Cuda()
-    n = args.gib * GiB
-    free = cuda.free_bytes()
-    if n > 0.8 * free:
-        raise SystemExit(
-            f"{args.gib} GiB of managed memory is more than 80 % of the {free / GiB:.0f} GiB free"
-        )
+    args, cuda, n = ranges_setup(__doc__, argv, 2, 1)
     rt = cuda.rt
     rt.cudaMemDiscardBatchAsync.argtypes = [
         ctypes.POINTER(ctypes.c_void_p),
