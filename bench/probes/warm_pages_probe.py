@@ -59,7 +59,11 @@ def make_on_cpu(ptr: int, n: int, threads: int = 8) -> None:
 
     def go(k: int) -> Callable[[], None]:
         size = part if k < threads - 1 else n - k * part
-        return lambda: ctypes.memset(ptr + k * part, 0, size)
+
+        def write() -> None:
+            ctypes.memset(ptr + k * part, 0, size)
+
+        return write
 
     threaded([go(k) for k in range(threads)])
 
