@@ -732,6 +732,26 @@ if out["has_top"]:
     out["stale_popped"] = [stale, fwd is not None]
     if fwd is not None:
         off._end(fwd)
+    # Planned at its first save, not at its begin: the buffers being made ahead are waited
+    # for there (Note [A program's forward is planned at its first save]).
+    import threading, time
+    warm = threading.Thread(target=time.sleep, args=(0.5,))
+    warm.start()
+    off._warming = warm
+    t0 = time.perf_counter()
+    off.begin_program()
+    began = time.perf_counter() - t0
+    pending = off.current() is P._PENDING
+    x = torch.randn(4, 4, requires_grad=True)
+    y = (x * 2).sin()  # sin saves its input: the forward's first save
+    run = off.current()
+    out["planned_at_first_save"] = [
+        began < 0.25, pending, not warm.is_alive(), run is not P._PENDING and run.program
+    ]
+    off.end_program()
+    off.begin_program()  # a program forward with no save: never planned, its hooks come off
+    off.end_program()
+    out["unplanned_ended"] = [off.current() is None, ours(), off.stats["program_forwards"]]
     out["stack_clean"] = ag._top_saved_tensors_default_hooks(False) is None
 print(json.dumps(out))
 """
@@ -743,8 +763,10 @@ def test_a_program_forward_keeps_the_hooks_stack_clean(um: tuple[UmPath, Path]) 
     and pushes the offload's saved-tensor hooks, once; a leaf's saves (a view's too) stay,
     an activation's do not; its end pops
     them; a program forward left open when a module's forward begins is closed first, so
-    that the module's forward is offloaded; the stack is as it was. torch 2.6, which cannot
-    tell whose hooks are on top, gets none of it."""
+    that the module's forward is offloaded; it is planned at its first save, where it waits
+    for the buffers made ahead, not at its begin, and one with no save is never planned; the
+    stack is as it was. torch 2.6, which cannot tell whose hooks are on top, gets none of
+    it."""
     _, venv = um
     got = probe(venv, PROGRAM_RUN_PROBE)
     if not got["has_top"]:
@@ -756,9 +778,11 @@ def test_a_program_forward_keeps_the_hooks_stack_clean(um: tuple[UmPath, Path]) 
         "begun": [True, True],
         "once": True,
         "leaves": [True, True, False, False],
-        "ended": [True, False, 1],
+        "ended": [True, False, 0],
         "module_after_program": [True, True],
         "stale_popped": [True, True],
+        "planned_at_first_save": [True, True, True, True],
+        "unplanned_ended": [True, False, 5],
         "stack_clean": True,
     }
 

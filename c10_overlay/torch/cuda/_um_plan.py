@@ -359,9 +359,7 @@ class StreamTarget:
     floor: int = 0  # the largest target that still saw evictions
     discard_growths: int = 0  # updates that grew the target by discards
 
-    def start(
-        self, evicted: int, total: int, over: int | None = None, discarded: int = 0
-    ) -> int:
+    def start(self, evicted: int, total: int, over: int | None = None, discarded: int = 0) -> int:
         # Note [The first target]
         # ~~~~~~~~~~~~~~~~~~~~~~~~
         # Under the plain LRU policy, a forward that reads more weights than fit reads

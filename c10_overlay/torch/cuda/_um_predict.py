@@ -219,6 +219,16 @@ class _Forward:
         self.saves: list[tuple[int, bool]] = []  # candidates in order: (bytes, left)
 
 
+class _Pending:
+    """A program forward begun and not yet planned (Note [A program's forward is planned at
+    its first save])."""
+
+    program = True
+
+
+_PENDING: Any = _Pending()
+
+
 class _Part:
     """A forward's share of a window: what its target learns from, and the saves the next
     forward like it will make (Note [Host buffers made ahead])."""
@@ -347,22 +357,34 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
     # ---- module hooks: the outermost forward (plan.OutermostForward's enter, exit) ---
 
     def _begin(self, module: torch.nn.Module, args: object = ()) -> _Forward | None:
+        return self._open(module, args) if self._push_hooks() else None
+
+    def _push_hooks(self) -> bool:
+        """Pushes the offload's saved-tensor hooks for a forward that begins, where they
+        apply (after closing a program forward left open); False where they do not."""
         self._close_program()
         if not torch.is_grad_enabled() or torch.cuda.is_current_stream_capturing():
-            return None
+            return False
         graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
         if graph_task() != -1:
-            return None  # a forward run by a backward (checkpoint recomputation)
+            return False  # a forward run by a backward (checkpoint recomputation)
         ag = torch._C._autograd
         top = getattr(ag, "_top_saved_tensors_default_hooks", None)
         if top is None or top(False) is not None:
             # The program's own saved-tensor hooks (save_on_cpu, checkpoint) win; a torch
             # that cannot tell whether there are any (2.6 has no such call) gets none of ours.
-            return None
+            return False
         try:
             ag._push_saved_tensors_default_hooks(self.pack, self.unpack)
         except RuntimeError:
-            return None  # saved-tensor hooks are disabled here
+            return False  # saved-tensor hooks are disabled here
+        return True
+
+    def _open(self, module: torch.nn.Module, args: object = (), program: bool = False) -> _Forward:
+        """The forward whose hooks were just pushed: its plan, from the target learnt so
+        far, once the buffers made ahead for it are in the host allocator's cache. A
+        program's forward has no call of its own (its saves may come from inside a module
+        call it does not own: a compiled model's)."""
         own = [*module.parameters(), *module.buffers()]
         params = {t.untyped_storage().data_ptr() for t in own}
         # The engine's counters are per device: the module's, which need not be the
@@ -372,8 +394,10 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             device = torch.cuda.current_device()
         # A forward on the open window's graph joins its chain; any other closes it: a
         # forward whose backward never came, or has not come yet.
-        chained = self._window is not None and (
-            _has_history(args) or _has_history(self.call_kwargs())
+        chained = (
+            self._window is not None
+            and not program
+            and (_has_history(args) or _has_history(self.call_kwargs()))
         )
         if not chained:
             self._learn(self._window)
@@ -545,21 +569,40 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
 
     def begin_program(self) -> None:
         """Begins this thread's program forward, unless a forward is under way on it or
-        the offload is off; never raises (it runs as a backward returns)."""
+        the offload is off; never raises (it runs as a backward returns). The hooks go on
+        now; the forward's plan is made at its first save (_open_program)."""
         try:
             st = self._state()
             if st.depth or st.run is not None or not (self.active and self.programs):
                 return
             if self._program is None:
                 self._program = torch.nn.Module()  # the program's forwards' target key
-            run = self._begin(self._program, ())
-            if run is not None:
-                run.program = True
-                st.run = run
+            if self._push_hooks():
+                st.run = _PENDING
                 with self._lock:
                     self.stats["program_forwards"] += 1
         except Exception:  # a forward not offloaded costs speed only
             return
+
+    def _open_program(self) -> _Forward | None:
+        """Note [A program's forward is planned at its first save]
+        A program forward begins as the backward before it returns, and what the program
+        runs next is its own update (an optimizer step, or one written by hand) before the
+        forward's first save. A module forward begins after that; its plan waits for the
+        page-locked buffers made ahead for it (Note [Host buffers made ahead]), which the
+        backward's end started and the update overlapped. Planned at its begin, a program
+        forward waited for all of them: 0.39 s of train-plain's second step for 0.38 s of
+        making (docs/notes/step-58-programs-on.md). So its plan is made at its first save,
+        as the module forward's would be, after the update; until then the hooks are on
+        and the thread's run is _PENDING. A program forward with no save (a forward under
+        no_grad, or none before the next backward) is never planned."""
+        try:
+            fwd = self._open(self._program or torch.nn.Module(), (), program=True)
+        except Exception:  # the save stays; the next one tries again
+            return None
+        fwd.program = True
+        self._tls.run = fwd
+        return fwd
 
     def end_program(self) -> None:
         """Ends this thread's program forward, if one is open (as a backward is called)."""
@@ -576,7 +619,11 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         own."""
         st = self._tls
         run = getattr(st, "run", None)
-        if run is not None and run.program:
+        if run is _PENDING:  # never planned: only its hooks to take off
+            st.run = None
+            if self._ours_on_top():
+                torch._C._autograd._pop_saved_tensors_default_hooks()
+        elif run is not None and run.program:
             st.run = None
             self._end(run)
         elif run is None and self._ours_on_top():
@@ -588,6 +635,8 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
 
     def pack(self, t: torch.Tensor) -> object:
         fwd = self.current()
+        if fwd is _PENDING:
+            fwd = self._open_program()
         if (
             fwd is None
             or not self.active

@@ -15,8 +15,10 @@ What ends a training iteration's forward, whatever the program, is its backward,
 what begins the next forward is that backward's return. So, while this is installed,
 ``torch.autograd.backward`` and ``torch.autograd.grad`` end the thread's open forward as
 they are called (the offload's hooks come off: the backward's own saves, for a double
-backward, are not offloaded) and begin one as they return (the hooks go back on). The
-first iteration runs without them (the plain policy), every later forward under them. A
+backward, are not offloaded) and begin one as they return (the hooks go back on; the
+forward's plan is made at its first save: Note [A program's forward is planned at its first
+save], _um_predict.py). The first iteration runs without them (the plain policy), every
+later forward under them. A
 backward that raises begins the next forward too. The functions stay wrapped once wrapped:
 with the setting off, the pressure gone or the module hooks back, no forward begins and
 one left open ends at the next backward (or at the next module forward's begin).
