@@ -3,6 +3,7 @@
 #
 #   bash tests/gpu/run_on_device.sh            # carry: .device/inject
 #   bash tests/gpu/run_on_device.sh -k spill   # extra arguments go to pytest
+#   bash tests/gpu/run_on_device.sh tests/gpu/test_op_signal.py   # these files only
 #
 # The host has no network and a stock torch 2.11.0+cu130 for `python3`. This
 # script stages that torch exactly as the torch-2.11.0+um wheel has it (its
@@ -102,7 +103,13 @@ rc=0
 # faulthandler_timeout: a test still running after 120 s (the longest takes about 25) has
 # every thread's stack written to the log, so that a hang says where it is before the
 # timeout kills the run (a crash writes them anyway: pytest enables faulthandler).
-owned "$OUT/pytest.log" timeout -k 10 500 "$PY" -m pytest tests/gpu -v -rA -s \
+# Paths among the arguments (tests/...) replace the whole suite: pytest given tests/gpu and
+# a file under it runs both (step 58's run took the whole suite for three files).
+targets=(tests/gpu)
+for arg in "$@"; do
+  case "$arg" in tests/*) targets=(); break ;; esac
+done
+owned "$OUT/pytest.log" timeout -k 10 500 "$PY" -m pytest ${targets[@]+"${targets[@]}"} -v -rA -s \
   -p no:cacheprovider --junitxml="$OUT/junit.xml" -o junit_family=xunit2 --durations=15 \
   -o faulthandler_timeout=120 "$@" || rc=$?
 echo "pytest exit code: $rc" | tee -a "$OUT/pytest.log"
