@@ -65,8 +65,8 @@ _get_device = getattr(torch._C, "_cuda_getDevice", None)
 # test, run after a test that offloaded saves; step 58). A forked child puts the dict it
 # inherited aside and keeps it (_forget_in_child): no CUDA object of the parent's is
 # destroyed while the child runs, and a multiprocessing child (a DataLoader's worker) leaves
-# by os._exit, which frees nothing. A thread's identifier may be reused once it has ended, and its event
-# with it, which orders the same.
+# by os._exit, which frees nothing. A thread's identifier may be reused once it has ended,
+# and its event with it, which orders the same.
 _wait_events: dict[tuple[int, int], torch.cuda.Event] = {}  # (thread, device) -> event
 _inherited: list[object] = []  # a forked child's copies of the parent's events, never freed
 
