@@ -125,6 +125,21 @@ class Cuda:
         self.advise(ptr, n, PREFERRED, HOST)
         self.advise(ptr, n, ACCESSED_BY, DEVICE)
 
+    def discard(self, ptr: int, n: int, stream: int) -> None:
+        """``cudaMemDiscardBatchAsync`` of one range on ``stream`` (CUDA 13; not the legacy
+        NULL stream, which the call refuses with invalid argument)."""
+        fn = self.rt.cudaMemDiscardBatchAsync
+        fn.argtypes = [
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.c_size_t,
+            ctypes.c_ulonglong,
+            ctypes.c_void_p,
+        ]
+        ptrs = (ctypes.c_void_p * 1)(ptr)
+        sizes = (ctypes.c_size_t * 1)(n)
+        self.check(fn(ptrs, sizes, 1, 0, stream), "cudaMemDiscardBatchAsync")
+
     def sync(self) -> None:
         self.check(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 

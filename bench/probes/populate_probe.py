@@ -166,14 +166,6 @@ def discard_checks(cuda: Cuda, torch: Any, nbytes: int) -> list[dict[str, Any]]:
     discarded, prefetched, written again and checked element by element."""
     if not hasattr(cuda.rt, "cudaMemDiscardBatchAsync"):
         return []  # before CUDA 13
-    discard_batch = cuda.rt.cudaMemDiscardBatchAsync
-    discard_batch.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.POINTER(ctypes.c_size_t),
-        ctypes.c_size_t,
-        ctypes.c_ulonglong,
-        ctypes.c_void_p,
-    ]
     where = {"host": HOST, "gpu": DEVICE}
     makers: dict[str, Callable[[int], None]] = {
         "a prefetch to the host": lambda ptr: cuda.prefetch(ptr, nbytes, HOST),
@@ -197,13 +189,8 @@ def discard_checks(cuda: Cuda, torch: Any, nbytes: int) -> list[dict[str, Any]]:
                 with torch.cuda.graph(graph):
                     t.fill_(5.0)
             torch.cuda.synchronize()
-            ptrs = (ctypes.c_void_p * 1)(ptr)
-            sizes = (ctypes.c_size_t * 1)(nbytes)
-            # Not on the legacy NULL stream: the call refuses it (invalid argument).
             side = torch.cuda.Stream()
-            cuda.check(
-                discard_batch(ptrs, sizes, 1, 0, side.cuda_stream), "cudaMemDiscardBatchAsync"
-            )
+            cuda.discard(ptr, nbytes, side.cuda_stream)
             side.synchronize()
             cuda.prefetch(ptr, nbytes, where[after])
             cuda.sync()

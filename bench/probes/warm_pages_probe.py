@@ -31,68 +31,26 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
-import time
 from collections.abc import Callable
 
-from bench.probes.evict_routes import (
-    ACCESSED_BY,
-    DEVICE,
-    HOST,
-    PREFERRED,
-    GiB,
-    ranges_setup,
-    threaded,
-)
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def make_on_cpu(ptr: int, n: int, threads: int = 8) -> None:
-    """Write every byte of [ptr, ptr+n) from `threads` CPU threads (ctypes drops the GIL)."""
-    part = n // threads
-
-    def go(k: int) -> Callable[[], None]:
-        size = part if k < threads - 1 else n - k * part
-
-        def write() -> None:
-            ctypes.memset(ptr + k * part, 0, size)
-
-        return write
-
-    threaded([go(k) for k in range(threads)])
+from bench.common import command_line, machine
+from bench.host_memory import rss_bytes
+from bench.probes.evict_routes import DEVICE, HOST, GiB, ranges_setup, timed
+from bench.probes.populate_probe import cpu_memset
 
 
 def main(argv: list[str] | None = None) -> int:
     args, cuda, n = ranges_setup(__doc__, argv, 2, 1)
     rt = cuda.rt
-    rt.cudaMemDiscardBatchAsync.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.POINTER(ctypes.c_size_t),
-        ctypes.c_size_t,
-        ctypes.c_ulonglong,
-        ctypes.c_void_p,
-    ]
-    side = cuda.stream()  # the engine discards on a side stream, never the legacy one
+    side = cuda.stream()  # the engine discards on a side stream
     rows: dict[str, float] = {}
     facts: dict[str, float] = {}
 
     def gbps(fn: Callable[[], object]) -> float:
-        cuda.sync()
-        t0 = time.perf_counter()
-        fn()
-        cuda.sync()
-        return n / (time.perf_counter() - t0) / 1e9
+        return n / timed(cuda, fn) / 1e9
 
     def discard(ptr: int) -> None:
-        ptrs = (ctypes.c_void_p * 1)(ptr)
-        sizes = (ctypes.c_size_t * 1)(n)
-        cuda.check(rt.cudaMemDiscardBatchAsync(ptrs, sizes, 1, 0, side), "cudaMemDiscardBatchAsync")
+        cuda.discard(ptr, n, side)
 
     def on_gpu(ptr: int, value: int) -> None:
         cuda.prefetch(ptr, n, DEVICE)
@@ -101,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def history(name: str, prepare: Callable[[int], None]) -> None:
         with cuda.fresh(n) as ptr:
-            cuda.advise(ptr, n, PREFERRED, HOST)
-            cuda.advise(ptr, n, ACCESSED_BY, DEVICE)
+            cuda.advise_host(ptr, n)  # as the engine advises every segment
             prepare(ptr)
             on_gpu(ptr, 7)
             facts[f"{name}: host RSS with the range on the GPU, GiB"] = rss_bytes() / GiB
@@ -116,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[f"{name}: evict again"] = gbps(lambda: cuda.prefetch(ptr, n, HOST))
 
     def cpu_made(ptr: int) -> None:
-        rows["cpu-made: make host pages, 8 threads"] = gbps(lambda: make_on_cpu(ptr, n))
+        rows["cpu-made: make host pages, 8 threads"] = gbps(cpu_memset(ptr, n, 8))
         rows["cpu-made: prefetch to the GPU"] = gbps(lambda: cuda.prefetch(ptr, n, DEVICE))
 
     def evicted_before(ptr: int) -> None:
@@ -131,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda.sync()
 
     def cpu_made_discarded(ptr: int) -> None:
-        make_on_cpu(ptr, n)
+        cpu_memset(ptr, n, 8)()
         on_gpu(ptr, 3)
         discard(ptr)
         cuda.sync()
@@ -156,9 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:60s} {v:6.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {"gib": args.gib, "rows": rows, "facts": facts, "failed": failed}, f, indent=1
-            )
+            import torch  # loaded already (the CUDA libraries came with it)
+
+            head = {
+                "command": command_line("bench.probes.warm_pages_probe"),
+                "machine": machine(torch),
+            }
+            record = {**head, "gib": args.gib, "rows": rows, "facts": facts, "failed": failed}
+            json.dump(record, f, indent=1)
     return 1 if failed else 0
 
 
