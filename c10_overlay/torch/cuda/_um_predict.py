@@ -429,7 +429,9 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
             return self._sized(owner.for_forward(first), host_cap, count=True)
 
         evicted = self._counters(device)[0]
-        return _Forward(target, queue, params, device, evicted, sizer, owner, chained)
+        fwd = _Forward(target, queue, params, device, evicted, sizer, owner, chained)
+        fwd.program = program
+        return fwd
 
     def _sized(self, target: int, host_cap: int, count: bool = False) -> int:
         """``target`` within the page-locked memory a forward may take (the lock is held)."""
@@ -596,11 +598,13 @@ class Offloader(plan.OutermostForward):  # type: ignore[misc]  # of _Forward
         as the module forward's would be, after the update; until then the hooks are on
         and the thread's run is _PENDING. A program forward with no save (a forward under
         no_grad, or none before the next backward) is never planned."""
+        key = self._program  # made by begin_program before any forward is pending
+        if key is None:
+            return None
         try:
-            fwd = self._open(self._program or torch.nn.Module(), (), program=True)
+            fwd = self._open(key, (), program=True)
         except Exception:  # the save stays; the next one tries again
             return None
-        fwd.program = True
         self._tls.run = fwd
         return fwd
 
