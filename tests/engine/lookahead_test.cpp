@@ -281,6 +281,66 @@ bool a_scan_is_next_used_one_period_on() {
   return true;
 }
 
+bool a_burst_is_told_from_uses_across_the_period() {
+  // A plain training step of 8 layers: the forward uses each weight after
+  // the activation, the backward each weight again, and the update each
+  // momentum M three times in a row (mul_, add_ with the gradient, sub_ from
+  // the weight). A gradient G is used once (add_).
+  Lookahead la;
+  Sim sim;
+  constexpr int kLayers = 8;
+  auto W = [](int i) { return 100 + i; };
+  auto M = [](int i) { return 200 + i; };
+  auto G = [](int i) { return 300 + i; };
+  auto A = [](int i) { return 400 + i; };
+  struct Seen {
+    Lookahead::Burst first, middle, last, weight, gradient;
+  };
+  Seen seen{};
+  auto step = [&](bool look) {
+    for (int i = 0; i < kLayers; ++i) {
+      op(la, sim, {R(A(i)), R(W(i))}, 0);
+    }
+    for (int i = kLayers - 1; i >= 0; --i) {
+      op(la, sim, {R(A(i)), R(W(i))}, 0);
+    }
+    for (int i = 0; i < kLayers; ++i) {
+      if (look && i == 3) {
+        seen.first = la.burst(R(M(i)));
+        seen.gradient = la.burst(R(G(i)), 1);
+      }
+      op(la, sim, {R(M(i))}, 0);
+      if (look && i == 3) {
+        seen.middle = la.burst(R(M(i)));
+      }
+      op(la, sim, {R(M(i)), R(G(i))}, 0);
+      if (look && i == 3) {
+        seen.last = la.burst(R(M(i)), 1);
+        seen.weight = la.burst(R(W(i)));
+      }
+      op(la, sim, {R(W(i)), R(M(i))}, 0);
+    }
+  };
+  step(false);
+  CHECK(!la.burst(R(M(3))).burst, "a burst was found in the first period");
+  step(false);
+  step(true);
+  CHECK(seen.first.burst && !seen.first.last, "the burst's first use: burst %d last %d",
+        seen.first.burst, seen.first.last);
+  CHECK(seen.middle.burst && !seen.middle.last, "the burst's second use: burst %d last %d",
+        seen.middle.burst, seen.middle.last);
+  CHECK(seen.last.burst && seen.last.last, "the burst's last use: burst %d last %d",
+        seen.last.burst, seen.last.last);
+  CHECK(!seen.weight.burst, "a weight used in the forward, backward and update is a burst");
+  CHECK(!seen.gradient.burst, "a range used once a period is a burst");
+  // A changed pattern: off the path nothing is a burst.
+  for (int i = 0; i < 80; ++i) {
+    op(la, sim, {R(900 + i)}, 0);
+  }
+  CHECK(!la.burst(R(M(3))).burst, "a burst off the path");
+  return true;
+}
+
 bool a_range_used_twice_is_next_used_at_its_next_use_in_the_step() {
   // W is used in the forward (after X) and in the update (after M), seven
   // uses apart in a step of ten.
@@ -574,6 +634,7 @@ int main() {
       {"a range used twice is next used at its next use in the step",
        a_range_used_twice_is_next_used_at_its_next_use_in_the_step},
       {"off a path nothing is predicted", off_a_path_nothing_is_predicted},
+      {"a burst is told from uses across the period", a_burst_is_told_from_uses_across_the_period},
       {"new addresses are predicted from their counterparts (a later layer's blocks)",
        [] { return new_addresses_are_predicted_from_their_counterparts(1); }},
       {"new addresses are predicted from their counterparts (an earlier layer's blocks)",

@@ -201,6 +201,38 @@ uint64_t Lookahead::due(const Range& r, uint64_t k) const {
   return (g != 0 ? g : here) + shift_; // none in the last period: one period on
 }
 
+Lookahead::Burst Lookahead::burst(const Range& r, uint64_t k) const {
+  // Note [Bursts of use]
+  Burst b;
+  if (!onPath() || pos_ <= shift_) {
+    return b;
+  }
+  const auto it = last_.find(r.addr);
+  if (it == last_.end()) {
+    return b;
+  }
+  const uint64_t here = pos_ + k;
+  const uint64_t from = here - shift_; // this use's counterpart a period ago
+  uint64_t first = here; // the period's earliest use, walking back
+  uint64_t widest = 0; // the widest gap between neighbouring uses in it
+  int uses = 0;
+  for (uint64_t p = it->second; p > from && held(p) && at(p) == r; p = prev_[p % hist_.size()]) {
+    if (++uses > kWalk) {
+      return b; // hot
+    }
+    widest = std::max(widest, first - p);
+    first = p;
+  }
+  if (uses == 0) {
+    return b;
+  }
+  // From this use round to the period's first use, one period on.
+  const uint64_t after = first + shift_ - here;
+  b.burst = std::max(widest, after) * 8 >= shift_ * 7;
+  b.last = b.burst && after >= widest;
+  return b;
+}
+
 void Lookahead::release(uint64_t p) {
   while (!flight_.empty() && flight_.front().pos <= p) {
     in_flight_ -= flight_.front().bytes;

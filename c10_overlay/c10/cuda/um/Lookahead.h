@@ -92,6 +92,22 @@
 //   that let the farther of the two win broke the plain-tensor step's path
 //   in its second and third steps; step 56.)
 //
+// Note [Bursts of use]
+// ~~~~~~~~~~~~~~~~~~~~
+// The same history tells a range used in one burst a period from one used
+// across it: a momentum a hand-written update reads and writes in three
+// operators in a row, then not until the next update, against a weight used
+// in the forward, the backward and the update. Past the budget the first
+// kind leaves the device after every burst and comes back before the next,
+// and what it costs depends only on how it travels (Note [State one burst a
+// period writes is staged by copy], Stage.h). burst() takes r's uses in the
+// last period (walked back as due() walks them) with this one, as points on
+// a circle one period around, and calls them a burst when the widest gap
+// between neighbours is at least seven eighths of the period; this use is
+// the burst's last when that gap is the one that follows it. A range used
+// once a period has no burst to stage (one use, no gain over the plain
+// touch), and a range used more than kWalk times a period is hot.
+//
 // Pure C++ (no CUDA): tested on the CPU in tests/engine/lookahead_test.cpp.
 // Not thread-safe: the caller serialises use() per device.
 #pragma once
@@ -177,6 +193,16 @@ class Lookahead {
   // use() records it) as the k-th range of its operator, is predicted to be
   // used next; 0 off a path.
   uint64_t due(const Range& r, uint64_t k = 0) const;
+  // Note [Bursts of use]: whether r, used now as the k-th range of its
+  // operator (before use() records it), is used in one burst a period (all
+  // its uses of the last period, with this one, lie within an eighth of the
+  // period), and whether this use is the burst's last. Both false off a path,
+  // for a range not used before in the last period, and for a hot one.
+  struct Burst {
+    bool burst = false;
+    bool last = false;
+  };
+  Burst burst(const Range& r, uint64_t k = 0) const;
   // The positions now (PlanClock).
   PlanClock clock() const {
     return PlanClock{pos_, onPath() ? cursor_ + shift_ : 0};
