@@ -59,6 +59,9 @@ Modes:
   um-noprograms  the same with predict_programs:False: the engine before step 58's default
   um-ops       both: no module hook, and saves leave over the program's forward; what the
                operator signal alone does for a program built from modules (issue 55, item 3)
+  um-stage     this engine at the budget with op_stage:True: state one burst of operators a
+               period writes is staged by copy under its storage (Note [State one burst a
+               period writes is staged by copy], Stage.h)
 
 Every UM worker caps total managed memory at 80 % of the free memory it reads at start
 (bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
@@ -103,6 +106,7 @@ MODES = (
     "um-programs",
     "um-ops",
     "um-noprograms",
+    "um-stage",
 )
 SIGNAL = "um-signal"  # the observer installed by hand (worker)
 PREV = "um-prev"
@@ -112,6 +116,7 @@ UM_CONF = {
     "um-nosignal": "op_signal:False",
     "um-ahead": "op_lookahead:1GiB",
     "um-cold": "evict_warm_first:False",
+    "um-stage": "op_stage:True",
     "um-signal": "",
     "um-nohooks": "hooks:False",
     "um-programs": "predict_programs:True",
@@ -329,6 +334,9 @@ STEP_COUNTERS = (
     "um.plan_victim_bytes",
     "um.fence_wait_ns",
     "um.op_signal_ns",
+    "um.stage_in_bytes",
+    "um.stage_out_bytes",
+    "um.stage_failures",
     # the saved-activation offload's (torch.cuda.um.predict_stats)
     "predict.offloaded_bytes",
     "predict.ahead_bytes",

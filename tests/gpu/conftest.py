@@ -131,6 +131,7 @@ def _reset(torch: Any, um: Any, limits: Limits) -> None:
         pin_in_place=False,
         op_signal=True,
         op_lookahead=0,
+        op_stage=False,
         evict_warm_first=True,
         predict_programs=True,
     )

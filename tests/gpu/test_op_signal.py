@@ -123,6 +123,48 @@ def test_plain_tensors_offload_their_saves_with_predict_programs(
     assert under == in_memory
 
 
+def _plain_state(steps: int, pause: float) -> tuple[list[float], list[Any], list[Any]]:
+    ws, ms = classes.plain_params(torch, LAYERS, WIDTH, seed=7)
+    losses = []
+    for step in range(steps):
+        x = classes.batch(torch, 4096, step, WIDTH)
+        losses.append(classes.plain_step(torch, ws, ms, x, lr=1e-2))
+        if step == 0:
+            time.sleep(pause)
+    return losses, [w.cpu() for w in ws], [m.cpu() for m in ms]
+
+
+def test_state_one_burst_writes_is_staged_by_copy_bit_exact(
+    torch_mod: Any, um: Any, limits: Limits
+) -> None:
+    """op_stage (Note [State one burst a period writes is staged by copy], Stage.h): the
+    hand-written update's momenta, read and written by three operators in a row once a
+    step, are staged on a block for the update and copied back into host RAM after it,
+    under their storages. The losses, weights and momenta are those of the run in memory,
+    bit for bit, every staged storage is put back, and none failed."""
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    release_cache(torch)
+    um.configure(device_budget="90%")
+    in_memory, ws0, ms0 = _plain_state(8, pause=0.3)
+    release_cache(torch)
+    um.configure(device_budget=BUDGET, policy="lru", op_signal=True, op_stage=True)
+    before = um.stats()
+    under, ws1, ms1 = _plain_state(8, pause=0.5)
+    after = um.stats()
+    got = {
+        k: after[f"um.stage_{k}"] - before[f"um.stage_{k}"]
+        for k in ("ins", "in_bytes", "outs", "out_bytes", "dropped", "failures")
+    }
+    print(f"[um] plain losses in memory {in_memory}\n[um] staged {under}\n[um] {got}")
+    assert got["ins"] > 0 and got["in_bytes"] >= got["ins"] * 2 * MiB
+    # Every burst ended in the loop (the .cpu() reads after it are no burst).
+    assert got["outs"] == got["ins"] and got["out_bytes"] == got["in_bytes"]
+    assert got["failures"] == 0 and got["dropped"] == 0
+    assert under == in_memory
+    for a, b in zip(ws0 + ms0, ws1 + ms1, strict=True):
+        assert torch.equal(a, b)
+
+
 class _Squares(torch.utils.data.Dataset):  # type: ignore[misc]
     def __len__(self) -> int:
         return 64

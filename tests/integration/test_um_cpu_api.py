@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 KEYS = (
     "Keys: enabled, max_managed, device_budget, host_headroom, prefetch, policy, discard, hooks, "
-    "op_signal, op_lookahead, evict_warm_first, predict, predict_lookahead, predict_copy_sms, "
+    "op_signal, op_lookahead, op_stage, evict_warm_first, predict, predict_lookahead, predict_copy_sms, "
     "predict_copy_kernel, predict_stage_kernel, "
     "predict_ddp_buckets, predict_programs, read_copies, host_alloc, host_alloc_min, "
     "host_copy_kernel, "
@@ -42,6 +42,7 @@ RESIDENCY = {
     "hooks": "True",
     "op_signal": "True",
     "op_lookahead": "0",
+    "op_stage": "False",
     "evict_warm_first": "True",
     "predict": "True",
     "predict_lookahead": str(1 << 30),

@@ -172,6 +172,12 @@ class _Stats(ctypes.Structure):
             "op_mixed",
             "op_counterparts",
             "evict_first_bytes",
+            "stage_ins",
+            "stage_in_bytes",
+            "stage_outs",
+            "stage_out_bytes",
+            "stage_dropped",
+            "stage_failures",
         )
     ]
 
@@ -354,6 +360,7 @@ def configure(
     hooks: bool | None = None,
     op_signal: bool | None = None,
     op_lookahead: Size | None = None,
+    op_stage: bool | None = None,
     evict_warm_first: bool | None = None,
     predict: bool | None = None,
     predict_lookahead: Size | None = None,
@@ -406,6 +413,7 @@ def configure(
         ("discard", discard),
         ("hooks", hooks),
         ("op_signal", op_signal),
+        ("op_stage", op_stage),
         ("evict_warm_first", evict_warm_first),
         ("predict", predict),
         ("predict_ddp_buckets", predict_ddp_buckets),

@@ -8,6 +8,7 @@
 #include <c10/cuda/um/HostAllocator.h>
 #include <c10/cuda/um/HostCopy.h>
 #include <c10/cuda/um/OpSignal.h>
+#include <c10/cuda/um/Stage.h>
 #include <c10/cuda/um/Policies.h>
 #include <c10/cuda/um/ErrorText.h>
 #include <c10/cuda/um/UnifiedMemory.h>
@@ -288,6 +289,13 @@ TORCH_UM_API int torch_um_get_stats(int device, TorchUmStats* out) {
     s.op_signal_ns = op.nanoseconds;
     s.op_mixed = op.mixed;
     s.op_counterparts = op.counterparts;
+    const c10::cuda::um::StageCounters st = c10::cuda::um::Stage::get().counters();
+    s.stage_ins = st.ins;
+    s.stage_in_bytes = st.in_bytes;
+    s.stage_outs = st.outs;
+    s.stage_out_bytes = st.out_bytes;
+    s.stage_dropped = st.dropped;
+    s.stage_failures = st.failures;
     size_t n = std::min<size_t>(out->struct_size, sizeof(TorchUmStats));
     uint64_t caller_size = out->struct_size;
     std::memcpy(out, &s, n);

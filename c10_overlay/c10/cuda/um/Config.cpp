@@ -14,7 +14,8 @@ namespace {
 
 constexpr const char* kKeys =
     "enabled, max_managed, device_budget, host_headroom, prefetch, policy, "
-    "discard, hooks, op_signal, op_lookahead, evict_warm_first, predict, predict_lookahead, "
+    "discard, hooks, op_signal, op_lookahead, op_stage, evict_warm_first, predict, "
+    "predict_lookahead, "
     "predict_copy_sms, "
     "predict_copy_kernel, predict_stage_kernel, predict_ddp_buckets, predict_programs, "
     "read_copies, host_alloc, "
@@ -194,6 +195,8 @@ std::string Config::str() const {
   s += ",op_signal:";
   s += op_signal ? "True" : "False";
   s += ",op_lookahead:" + std::to_string(op_lookahead);
+  s += ",op_stage:";
+  s += op_stage ? "True" : "False";
   s += ",evict_warm_first:";
   s += evict_warm_first ? "True" : "False";
   s += ",predict:";
@@ -264,6 +267,8 @@ Config parseConfig(
       cfg.op_signal = parseBool(key, value, source);
     } else if (key == "op_lookahead") {
       cfg.op_lookahead = requireBytes(key, value, source);
+    } else if (key == "op_stage") {
+      cfg.op_stage = parseBool(key, value, source);
     } else if (key == "evict_warm_first") {
       cfg.evict_warm_first = parseBool(key, value, source);
     } else if (key == "predict_ddp_buckets") {

@@ -63,6 +63,12 @@ struct Config {
   // 0.55-0.68 s a step without it, 0.93-1.50 with 1 GiB; step 54).
   bool op_signal = true;
   uint64_t op_lookahead = 0;
+  // State that one burst of operators a period writes (a hand-written
+  // update's momentum) is copied to a device block for the burst and back
+  // into host RAM after it, under the storage's own pointer, instead of
+  // migrating in and being evicted: Note [State one burst a period writes is
+  // staged by copy] (Stage.h). Off by default until measured.
+  bool op_stage = false;
   // Of the planned chunks due after the lookahead's window, those whose pages
   // were in host RAM before leave first: the driver evicts into pages a range
   // never had at about a third of the speed (Note [First evictions],

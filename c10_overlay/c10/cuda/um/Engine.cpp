@@ -46,6 +46,7 @@ Engine::Engine() : owner_pid_(static_cast<int>(getpid())) {
 void Engine::syncHostSettings() {
   host_managed_.store(cfg_.host_alloc_managed);
   kernel_copies_.store(cfg_.enabled && cfg_.host_copy_kernel);
+  stage_bursts_.store(cfg_.enabled && cfg_.op_stage);
   pageable_copies_.store(cfg_.enabled && cfg_.pageable_copy_cpu);
   host_min_.store(cfg_.host_alloc_min);
 }

@@ -119,6 +119,10 @@ class Engine {
   uint64_t forget(const void* ptr, size_t size);
   // Where the ledger has [ptr, ptr+size) (Residency::placement).
   Residency::Placement placement(const void* ptr, size_t size);
+  // Whether the ledger has all of [ptr, ptr+size) in host RAM.
+  bool wholeOnHost(const void* ptr, size_t size) {
+    return placement(ptr, size).bytes[static_cast<int>(Where::Host)] >= size;
+  }
   // Note [Managed host memory] (HostAllocator.h). A managed allocation of
   // `size` bytes placed in host RAM (PreferredLocation=host), counted under
   // max_managed; nullptr when the engine declines (UM off, a fork()ed child
@@ -168,6 +172,15 @@ class Engine {
   // shared with the CPU]).
   bool kernelCopies() const {
     return kernel_copies_.load(std::memory_order_relaxed);
+  }
+  // The op_stage setting (Note [State one burst a period writes is staged by
+  // copy], Stage.h), and whether any stream of the process was ever captured
+  // into a CUDA graph (a graph keeps the pointers it captured).
+  bool stageBursts() const {
+    return stage_bursts_.load(std::memory_order_relaxed);
+  }
+  bool everCaptured() const {
+    return captured_.load();
   }
   struct HostRange {
     bool managed = false;
@@ -275,6 +288,7 @@ class Engine {
   // CPU allocation and must not take mu_.
   std::atomic<bool> host_managed_{false};
   std::atomic<bool> kernel_copies_{true}; // enabled && host_copy_kernel
+  std::atomic<bool> stage_bursts_{false}; // enabled && op_stage
   std::atomic<bool> pageable_copies_{true}; // enabled && pageable_copy_cpu
   std::atomic<uint64_t> host_min_{1ull << 20};
   std::atomic<bool> used_cuda_{false}; // a managed segment was made

@@ -455,6 +455,25 @@ void* copyFunction(int device, std::string& why) {
   return f;
 }
 
+bool launchCopy(int device, void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  std::string why;
+  void* function = copyFunction(device, why);
+  const LaunchFn launch = launcher();
+  if (function == nullptr || launch == nullptr) {
+    return false;
+  }
+  unsigned long long n = bytes;
+  void* d = dst;
+  const void* s = src;
+  void* params[] = {&d, const_cast<void**>(&s), &n};
+  if (launch(function, kHostCopyBlocks, 1, 1, kCopyThreads, 1, 1, 0, stream, params, nullptr) !=
+      0) {
+    counters().failures.fetch_add(1, kRelaxed);
+    return false;
+  }
+  return true;
+}
+
 bool copyByKernel(
     void* dst,
     const void* src,
@@ -503,13 +522,8 @@ bool copyByKernel(
       return true; // a synchronous copy reports it
     }
   }
-  unsigned long long bytes = count - cpu;
-  void* d = dst;
-  const void* s = src;
-  void* params[] = {&d, const_cast<void**>(&s), &bytes};
-  if (launch(function, kHostCopyBlocks, 1, 1, kCopyThreads, 1, 1, 0, stream, params, nullptr) !=
-      0) {
-    counters().failures.fetch_add(1, kRelaxed);
+  const size_t bytes = count - cpu;
+  if (!launchCopy(device, dst, src, count - cpu, stream)) {
     return false; // nothing was queued
   }
   if (cpu > 0) {

@@ -117,6 +117,11 @@ namespace c10::cuda::um {
 // current on the calling thread. Thread-safe.
 void* copyFunction(int device, std::string& why);
 constexpr unsigned kCopyThreads = 1024;
+// Queues that kernel on `stream`: `bytes` from src to dst, with
+// kHostCopyBlocks blocks. False, with nothing queued, where `device` has no
+// kernel or the launch fails (counted in KernelCopyCounters::failures).
+// Makes the device current on the calling thread, as copyFunction does.
+bool launchCopy(int device, void* dst, const void* src, size_t bytes, cudaStream_t stream);
 // The blocks of the copies taken from cudaMemcpyAsync: two carry the link
 // (bench/README.md, step 43); a few more cost nothing when no kernel runs
 // beside them, as none does beside a copy the host waits for.

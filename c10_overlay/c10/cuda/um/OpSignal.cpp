@@ -3,6 +3,7 @@
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/um/Engine.h>
+#include <c10/cuda/um/Stage.h>
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -82,6 +83,10 @@ struct Gathered {
   int device = -1;
 
   size_t slots[kMaxRanges]; // each range's place among the arguments
+  // Note [State one burst a period writes is staged by copy] (Stage.h): each
+  // range's storage and the version counter of its first tensor.
+  c10::StorageImpl* impls[kMaxRanges];
+  uint64_t versions[kMaxRanges];
 
   // Note [Counterparts] (Lookahead.h): what uses the storage, not where it
   // is: the call's signature (every argument's kind, and each tensor's
@@ -150,11 +155,30 @@ struct Gathered {
       }
     }
     slots[n] = slot;
+    impls[n] = storage.unsafeGetStorageImpl();
+    versions[n] = OpSignal::kNoVersion;
+    if (!t.is_inference()) {
+      try {
+        versions[n] = t.unsafeGetTensorImpl()->version_counter().current_version();
+      } catch (...) {
+      }
+    }
     ranges[n++] = r;
   }
 };
 
+// Operators nested in the one being observed on this thread (0: outermost).
+thread_local int t_depth = 0;
+
+// The storages an outermost operator's end puts back (Note [State one burst
+// a period writes is staged by copy], Stage.h).
+struct StageOuts final : at::ObserverContext {
+  std::vector<c10::Storage> storages;
+  int device = -1;
+};
+
 std::unique_ptr<at::ObserverContext> onOperator(const at::RecordFunction& fn) {
+  const bool outermost = t_depth++ == 0;
   // Nothing may escape into the operator: a signal lost costs speed only.
   try {
     Gathered g;
@@ -176,11 +200,43 @@ std::unique_ptr<at::ObserverContext> onOperator(const at::RecordFunction& fn) {
       g.identify(fn.inputs());
       const auto stream = c10::cuda::getCurrentCUDAStream(
           static_cast<c10::DeviceIndex>(g.device));
-      OpSignal::get().observe(g.device, stream.stream(), g.ranges, g.n);
+      bool out[kMaxRanges] = {};
+      OpSignal::get().observe(g.device, stream.stream(), g.ranges, g.n,
+                              OpSignal::Storages{g.impls, g.versions, outermost, out});
+      std::unique_ptr<StageOuts> outs;
+      for (size_t i = 0; i < g.n; ++i) {
+        if (out[i]) {
+          if (!outs) {
+            outs = std::make_unique<StageOuts>();
+            outs->device = g.device;
+          }
+          outs->storages.emplace_back(
+              c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(g.impls[i]));
+        }
+      }
+      return outs;
     }
   } catch (...) {
   }
   return nullptr;
+}
+
+void onOperatorEnd(const at::RecordFunction&, at::ObserverContext* ctx) {
+  if (t_depth > 0) {
+    --t_depth;
+  }
+  if (ctx == nullptr) {
+    return;
+  }
+  try {
+    auto* outs = static_cast<StageOuts*>(ctx); // only onOperator makes them
+    const cudaStream_t stream =
+        c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(outs->device)).stream();
+    for (const c10::Storage& st : outs->storages) {
+      Stage::get().stageOut(st.unsafeGetStorageImpl(), stream);
+    }
+  } catch (...) {
+  }
 }
 
 } // namespace
@@ -200,7 +256,7 @@ bool OpSignal::install(std::string& why) {
     why = o.why;
     return false;
   }
-  at::RecordFunctionCallback cb(&onOperator);
+  at::RecordFunctionCallback cb(&onOperator, &onOperatorEnd);
   cb.needsInputs(true).scopes({at::RecordScope::FUNCTION});
   const at::CallbackHandle h = o.add(cb);
   if (h == 0) {
@@ -336,8 +392,9 @@ void OpSignal::waitArrivals(
 void OpSignal::observe(
     int device,
     void* stream,
-    const Lookahead::Range* ranges,
-    size_t n) {
+    Lookahead::Range* ranges,
+    size_t n,
+    const Storages& st) {
   if (device < 0 || device >= kDevices) {
     return;
   }
@@ -346,6 +403,22 @@ void OpSignal::observe(
   Engine& engine = Engine::get();
   Device& d = deviceState(device);
   std::lock_guard<std::mutex> lock(d.mu);
+  // Note [State one burst a period writes is staged by copy] (Stage.h): a
+  // staged storage is known to the learned order by its own address, and is
+  // not touched (it is on its block).
+  Stage& stage = Stage::get();
+  const bool staging = st.impls != nullptr && engine.stageBursts();
+  bool staged[kMaxRanges] = {};
+  size_t n_staged = 0;
+  if (staging && stage.any()) {
+    for (size_t i = 0; i < n; ++i) {
+      if (const uintptr_t home = stage.homeOf(ranges[i].addr)) {
+        ranges[i].addr = home;
+        staged[i] = true;
+        ++n_staged;
+      }
+    }
+  }
   // Each range's predicted next use, asked before the op is recorded (Note
   // [Predicted next use]); the touches then file the ranges under it (Note
   // [The learned eviction order]), all under one engine lock.
@@ -353,9 +426,47 @@ void OpSignal::observe(
   for (size_t i = 0; i < n; ++i) {
     dues[i] = d.order.due(ranges[i], i);
   }
+  if (staging) {
+    const bool may_swap = st.outermost && !engine.capturesUnderway() && !engine.everCaptured();
+    for (size_t i = 0; i < n; ++i) {
+      const bool written = st.versions[i] != kNoVersion &&
+          stage.written(ranges[i].addr, st.impls[i], st.versions[i]);
+      if (!may_swap) {
+        continue;
+      }
+      const Lookahead::Burst b = d.order.burst(ranges[i], i);
+      if (staged[i]) {
+        st.out[i] = !b.burst || b.last;
+      } else if (b.burst && !b.last && written && ranges[i].size >= kStageMinBytes &&
+                 engine.wholeOnHost(reinterpret_cast<const void*>(ranges[i].addr),
+                                    ranges[i].size) &&
+                 stage.stageIn(st.impls[i], device, static_cast<cudaStream_t>(stream))) {
+        staged[i] = true;
+        ++n_staged;
+      }
+    }
+  }
+  // The touches leave the staged storages out.
+  Lookahead::Range kept[kMaxRanges];
+  uint64_t kept_dues[kMaxRanges];
+  const Lookahead::Range* touch = ranges;
+  const uint64_t* touch_dues = dues;
+  size_t n_touch = n;
+  if (n_staged > 0) {
+    n_touch = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!staged[i]) {
+        kept[n_touch] = ranges[i];
+        kept_dues[n_touch++] = dues[i];
+      }
+    }
+    touch = kept;
+    touch_dues = kept_dues;
+  }
   uint64_t moved = 0;
-  if (engine.touchOp(ranges, dues, n, device, static_cast<cudaStream_t>(stream),
-                     d.order.clock(), &moved)) {
+  if (engine.touchOp(touch, touch_dues, n_touch, device, static_cast<cudaStream_t>(stream),
+                     d.order.clock(), &moved) ||
+      n_staged > 0) {
     ops_.fetch_add(1, std::memory_order_relaxed);
     if (moved > 0) {
       touch_bytes_.fetch_add(moved, std::memory_order_relaxed);
@@ -371,7 +482,10 @@ void OpSignal::observe(
     const uint64_t before_ranges = d.order.counters().ahead_ranges;
     const uint64_t before_bytes = d.order.counters().ahead_bytes;
     d.order.use(ranges, n, side != nullptr ? lookahead : 0,
-                [&](const Lookahead::Range& r, uint64_t due) {
+                [&](const Lookahead::Range& r, uint64_t due) -> uint64_t {
+                  if (staging && stage.isHome(r.addr)) {
+                    return 0; // staged: its own range stays in host RAM
+                  }
                   const uint64_t m =
                       engine.touchAhead(reinterpret_cast<const void*>(r.addr), r.size,
                                         device, static_cast<cudaStream_t>(side), due);

@@ -66,6 +66,10 @@
 #include <unordered_map>
 #include <vector>
 
+namespace c10 {
+struct StorageImpl;
+} // namespace c10
+
 namespace c10::cuda::um {
 
 struct OpSignalCounters {
@@ -96,10 +100,29 @@ class OpSignal {
   }
   OpSignalCounters counters() const;
 
+  // Note [State one burst a period writes is staged by copy] (Stage.h): the
+  // storages beside an operator's ranges, their version counters (kNoVersion:
+  // none, an inference tensor), whether the operator is the outermost on its
+  // thread, and, set by observe(), the storages its end puts back.
+  static constexpr uint64_t kNoVersion = ~0ull;
+  static constexpr uint64_t kStageMinBytes = 2ull << 20; // a chunk
+  struct Storages {
+    c10::StorageImpl* const* impls = nullptr;
+    const uint64_t* versions = nullptr;
+    bool outermost = false;
+    bool* out = nullptr;
+  };
+
   // The observer's work for one operator: `ranges` are the managed-or-not
   // storages of its CUDA tensor arguments on `device`, `stream` its current
-  // stream. Public for the observer's trampoline only.
-  void observe(int device, void* stream, const Lookahead::Range* ranges, size_t n);
+  // stream; a staged storage's range is given its own address on return.
+  // Public for the observer's trampoline only.
+  void observe(
+      int device,
+      void* stream,
+      Lookahead::Range* ranges,
+      size_t n,
+      const Storages& storages);
 
  private:
   OpSignal() = default;

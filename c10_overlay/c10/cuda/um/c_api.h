@@ -143,6 +143,15 @@ typedef struct TorchUmStats {
   /* Note [First evictions] (Residency.h): of evict_bytes, the bytes of chunks
    * whose pages had not been in host RAM before (or were discarded since). */
   uint64_t evict_first_bytes;
+  /* Note [State one burst a period writes is staged by copy] (Stage.h),
+   * process-wide: storages staged and their bytes, put back and their bytes,
+   * storages that died while staged, and stagings or copies out that failed. */
+  uint64_t stage_ins;
+  uint64_t stage_in_bytes;
+  uint64_t stage_outs;
+  uint64_t stage_out_bytes;
+  uint64_t stage_dropped;
+  uint64_t stage_failures;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
