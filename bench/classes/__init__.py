@@ -337,6 +337,8 @@ STEP_COUNTERS = (
     "um.stage_in_bytes",
     "um.stage_out_bytes",
     "um.stage_failures",
+    "um.stage_candidates",
+    "um.stage_not_on_host",
     # the saved-activation offload's (torch.cuda.um.predict_stats)
     "predict.offloaded_bytes",
     "predict.ahead_bytes",

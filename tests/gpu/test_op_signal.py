@@ -153,7 +153,16 @@ def test_state_one_burst_writes_is_staged_by_copy_bit_exact(
     after = um.stats()
     got = {
         k: after[f"um.stage_{k}"] - before[f"um.stage_{k}"]
-        for k in ("ins", "in_bytes", "outs", "out_bytes", "dropped", "failures")
+        for k in (
+            "ins",
+            "in_bytes",
+            "outs",
+            "out_bytes",
+            "dropped",
+            "failures",
+            "candidates",
+            "not_on_host",
+        )
     }
     print(f"[um] plain losses in memory {in_memory}\n[um] staged {under}\n[um] {got}")
     assert got["ins"] > 0 and got["in_bytes"] >= got["ins"] * 2 * MiB

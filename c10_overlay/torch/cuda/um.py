@@ -178,6 +178,8 @@ class _Stats(ctypes.Structure):
             "stage_out_bytes",
             "stage_dropped",
             "stage_failures",
+            "stage_candidates",
+            "stage_not_on_host",
         )
     ]
 

@@ -296,6 +296,8 @@ TORCH_UM_API int torch_um_get_stats(int device, TorchUmStats* out) {
     s.stage_out_bytes = st.out_bytes;
     s.stage_dropped = st.dropped;
     s.stage_failures = st.failures;
+    s.stage_candidates = st.candidates;
+    s.stage_not_on_host = st.not_on_host;
     size_t n = std::min<size_t>(out->struct_size, sizeof(TorchUmStats));
     uint64_t caller_size = out->struct_size;
     std::memcpy(out, &s, n);

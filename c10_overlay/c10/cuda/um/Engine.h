@@ -119,9 +119,9 @@ class Engine {
   uint64_t forget(const void* ptr, size_t size);
   // Where the ledger has [ptr, ptr+size) (Residency::placement).
   Residency::Placement placement(const void* ptr, size_t size);
-  // Whether the ledger has all of [ptr, ptr+size) in host RAM.
-  bool wholeOnHost(const void* ptr, size_t size) {
-    return placement(ptr, size).bytes[static_cast<int>(Where::Host)] >= size;
+  // The bytes of [ptr, ptr+size) the ledger has in host RAM.
+  uint64_t hostBytes(const void* ptr, size_t size) {
+    return placement(ptr, size).bytes[static_cast<int>(Where::Host)];
   }
   // Note [Managed host memory] (HostAllocator.h). A managed allocation of
   // `size` bytes placed in host RAM (PreferredLocation=host), counted under

@@ -437,12 +437,17 @@ void OpSignal::observe(
       const Lookahead::Burst b = d.order.burst(ranges[i], i);
       if (staged[i]) {
         st.out[i] = !b.burst || b.last;
-      } else if (b.burst && !b.last && written && ranges[i].size >= kStageMinBytes &&
-                 engine.wholeOnHost(reinterpret_cast<const void*>(ranges[i].addr),
-                                    ranges[i].size) &&
-                 stage.stageIn(st.impls[i], device, static_cast<cudaStream_t>(stream))) {
-        staged[i] = true;
-        ++n_staged;
+      } else if (b.burst && !b.last && written && ranges[i].size >= kStageMinBytes) {
+        // Mostly in host RAM: what is on the device of its own range is not
+        // touched while it is staged, and leaves as the order's victim.
+        const bool on_host =
+            2 * engine.hostBytes(reinterpret_cast<const void*>(ranges[i].addr), ranges[i].size) >=
+            ranges[i].size;
+        stage.candidate(on_host);
+        if (on_host && stage.stageIn(st.impls[i], device, static_cast<cudaStream_t>(stream))) {
+          staged[i] = true;
+          ++n_staged;
+        }
       }
     }
   }

@@ -38,10 +38,13 @@ bool Stage::written(uintptr_t home, const void* storage, uint64_t version) {
     seen_.clear(); // forgotten uses cost a period before a burst is staged
   }
   Seen& s = seen_[home];
-  const bool moved = s.storage == storage && s.version != version;
-  s.storage = storage;
-  s.version = version;
-  return moved;
+  if (s.storage != storage) {
+    s = Seen{storage, version, false}; // another storage at the address
+  } else if (s.version != version) {
+    s.version = version;
+    s.moved = true; // kept: the burst's first use follows a use that read it
+  }
+  return s.moved;
 }
 
 void Stage::dropStaged(void* ctx) {
@@ -56,6 +59,12 @@ void Stage::dropStaged(void* ctx) {
     stage.counters_.dropped += 1;
   }
   delete e;
+}
+
+void Stage::candidate(bool on_host) {
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.candidates += 1;
+  counters_.not_on_host += on_host ? 0 : 1;
 }
 
 bool Stage::stageIn(c10::StorageImpl* storage, int device, cudaStream_t stream) {

@@ -23,7 +23,9 @@
 //   - the storage was written between two of its uses seen (its version
 //     counter moved: state, not read-only data, which leaves by a dropped
 //     duplicate for free),
-//   - the ledger has all of it in host RAM, and it is at least a chunk:
+//   - the ledger has at least half of it in host RAM (the rest, untouched
+//     while the storage is staged, leaves as the order's victim), and it is
+//     at least a chunk:
 // a block is taken from the caching allocator on the operator's stream, the
 // storage's bytes copied into it by the engine's copy kernel (HostCopy.h), and
 // the storage's DataPtr swapped for one over the block. At the end of the
@@ -82,6 +84,8 @@ struct StageCounters {
   uint64_t out_bytes = 0;
   uint64_t dropped = 0; // storages that died while staged
   uint64_t failures = 0; // stagings that could not start or copies out that failed
+  uint64_t candidates = 0; // uses that met every condition but the ledger's
+  uint64_t not_on_host = 0; // of those, the ranges less than half in host RAM
 };
 
 class Stage {
@@ -92,12 +96,16 @@ class Stage {
   // 0 (not a staged block).
   uintptr_t homeOf(uintptr_t addr) const;
   // Records a use of the storage `storage` (identity only) at its own
-  // address `home` with its version counter `version`; true when it moved
-  // since the storage's previous use seen.
+  // address `home` with its version counter `version`; true once it has
+  // moved between two uses seen of the storage (it stays true: the burst's
+  // first use follows its last, which may only have read it).
   bool written(uintptr_t home, const void* storage, uint64_t version);
   // Stages `storage` (its bytes in host RAM) in a block on `device`, copied
   // on `stream`. False where nothing changed (no block, no kernel).
   bool stageIn(c10::StorageImpl* storage, int device, cudaStream_t stream);
+  // Counts a use that met every condition of the Note but the ledger's, and
+  // whether the ledger had at least half of the range in host RAM.
+  void candidate(bool on_host);
   // Puts `storage` back, after a copy out queued after the work on
   // `stream`. Nothing if it is not staged.
   void stageOut(c10::StorageImpl* storage, cudaStream_t stream);
@@ -124,6 +132,7 @@ class Stage {
   struct Seen {
     const void* storage = nullptr;
     uint64_t version = 0;
+    bool moved = false;
   };
   std::unordered_map<uintptr_t, Seen> seen_; // own address -> last use seen
   StageCounters counters_;

@@ -152,6 +152,10 @@ typedef struct TorchUmStats {
   uint64_t stage_out_bytes;
   uint64_t stage_dropped;
   uint64_t stage_failures;
+  /* Of the operators' uses, those that met every condition of staging but
+   * the ledger's, and of those the ranges less than half in host RAM. */
+  uint64_t stage_candidates;
+  uint64_t stage_not_on_host;
 } TorchUmStats;
 
 /* Advice kinds for torch_um_advise. */
