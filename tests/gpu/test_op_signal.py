@@ -141,7 +141,7 @@ def test_state_one_burst_writes_is_staged_by_copy_bit_exact(
     hand-written update's momenta, read and written by three operators in a row once a
     step, are staged on a block for the update and copied back into host RAM after it,
     under their storages. The losses, weights and momenta are those of the run in memory,
-    bit for bit, every staged storage is put back, and none failed."""
+    bit for bit; every staged storage is put back or freed with it, and none failed."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     release_cache(torch)
     um.configure(device_budget="90%")
@@ -166,9 +166,11 @@ def test_state_one_burst_writes_is_staged_by_copy_bit_exact(
     }
     print(f"[um] plain losses in memory {in_memory}\n[um] staged {under}\n[um] {got}")
     assert got["ins"] > 0 and got["in_bytes"] >= got["ins"] * 2 * MiB
-    # Every burst ended in the loop (the .cpu() reads after it are no burst).
-    assert got["outs"] == got["ins"] and got["out_bytes"] == got["in_bytes"]
-    assert got["failures"] == 0 and got["dropped"] == 0
+    # Each staged storage was put back at its burst's end, or (a storage still on its
+    # block when the loop ended: its end was not predicted) freed with its storage; the
+    # weights and momenta read back below were read wherever they were.
+    assert got["outs"] > 0 and got["outs"] + got["dropped"] == got["ins"]
+    assert got["failures"] == 0
     assert under == in_memory
     for a, b in zip(ws0 + ms0, ws1 + ms1, strict=True):
         assert torch.equal(a, b)
