@@ -62,6 +62,7 @@ Modes:
   um-stage     this engine at the budget with op_stage:True: state one burst of operators a
                period writes is staged by copy under its storage (Note [State one burst a
                period writes is staged by copy], Stage.h)
+  um-ops-stage  um-ops with op_stage:True
 
 Every UM worker caps total managed memory at 80 % of the free memory it reads at start
 (bench.common.safe_cap). The floor: the larger of stock's step and the bytes past the
@@ -107,6 +108,7 @@ MODES = (
     "um-ops",
     "um-noprograms",
     "um-stage",
+    "um-ops-stage",
 )
 SIGNAL = "um-signal"  # the observer installed by hand (worker)
 PREV = "um-prev"
@@ -117,6 +119,7 @@ UM_CONF = {
     "um-ahead": "op_lookahead:1GiB",
     "um-cold": "evict_warm_first:False",
     "um-stage": "op_stage:True",
+    "um-ops-stage": "hooks:False,predict_programs:True,op_stage:True",
     "um-signal": "",
     "um-nohooks": "hooks:False",
     "um-programs": "predict_programs:True",
