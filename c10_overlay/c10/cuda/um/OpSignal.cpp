@@ -83,6 +83,7 @@ struct Gathered {
   int device = -1;
 
   size_t slots[kMaxRanges]; // each range's place among the arguments
+  bool staging = false; // op_stage: the versions below are read
   // Note [State one burst a period writes is staged by copy] (Stage.h): each
   // range's storage and the version counter of its first tensor.
   c10::StorageImpl* impls[kMaxRanges];
@@ -157,7 +158,7 @@ struct Gathered {
     slots[n] = slot;
     impls[n] = storage.unsafeGetStorageImpl();
     versions[n] = OpSignal::kNoVersion;
-    if (!t.is_inference()) {
+    if (staging && !t.is_inference()) {
       try {
         versions[n] = t.unsafeGetTensorImpl()->version_counter().current_version();
       } catch (...) {
@@ -182,6 +183,7 @@ std::unique_ptr<at::ObserverContext> onOperator(const at::RecordFunction& fn) {
   // Nothing may escape into the operator: a signal lost costs speed only.
   try {
     Gathered g;
+    g.staging = Engine::get().stageBursts();
     size_t slot = 0;
     for (const c10::IValue& v : fn.inputs()) {
       if (v.isTensor()) {
