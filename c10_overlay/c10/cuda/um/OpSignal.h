@@ -22,7 +22,12 @@
 //   2. the storages are recorded in the device's learned order of use, and,
 //      with the setting op_lookahead (off by default), those predicted to
 //      come next are touched on a stream of the signal's own, ahead of their
-//      operators (Note [Learned lookahead], Lookahead.h).
+//      operators (Note [Learned lookahead], Lookahead.h);
+//   3. with the setting op_stage (off by default), a storage the learned
+//      order sees written in one burst a period is staged on a device block
+//      at an outermost operator's start and put back at the end of the
+//      burst's last (the observer's end callback): Note [State one burst a
+//      period writes is staged by copy], Stage.h.
 // Memory that is not an engine segment is ignored by the engine's lookup.
 //
 // Cost and when it is on: an observer that needs inputs makes the dispatcher
