@@ -342,7 +342,7 @@ def test_python_level_argument_checks(api: dict[str, Any]) -> None:
 def test_cpu_safe_helpers(api: dict[str, Any]) -> None:
     stats = api["stats"]
     assert stats["um.enabled"] == 1 and stats["um.policy_lru"] == 1
-    assert len(stats) == 71 and all(isinstance(v, int) for v in stats.values())
+    assert len(stats) == 79 and all(isinstance(v, int) for v in stats.values())
     flags = ("um.enabled", "um.policy_lru")
     assert {k: v for k, v in stats.items() if k not in flags} == dict.fromkeys(
         (k for k in stats if k not in flags), 0
