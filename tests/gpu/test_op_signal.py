@@ -26,10 +26,12 @@ WIDTH = 2048
 LAYERS = 12  # 8 MiB a weight, 8 MiB its momentum, 16 MiB an activation: ~560 MiB at peak
 
 
-def _plain_losses(steps: int, pause: float = 0.0) -> list[float]:
+def _plain_losses(steps: int, pause: float = 0.0, state: list[Any] | None = None) -> list[float]:
     """bench.classes' plain-tensor training, smaller: (x @ W).relu() through LAYERS weights,
     a momentum update by hand. ``pause``: seconds after the first step, for the pressure
-    watcher (10 polls a second) to install the observer."""
+    watcher (10 polls a second) to install the observer. ``state``, if given, receives CPU
+    copies of the weights and momenta after the last step (the GPU tensors are freed on
+    return)."""
     ws, ms = classes.plain_params(torch, LAYERS, WIDTH, seed=7)
     losses = []
     for step in range(steps):
@@ -37,6 +39,8 @@ def _plain_losses(steps: int, pause: float = 0.0) -> list[float]:
         losses.append(classes.plain_step(torch, ws, ms, x, lr=1e-2))
         if step == 0 and pause:
             time.sleep(pause)
+    if state is not None:
+        state.extend(t.cpu() for t in ws + ms)
     return losses
 
 
@@ -123,17 +127,6 @@ def test_plain_tensors_offload_their_saves_with_predict_programs(
     assert under == in_memory
 
 
-def _plain_state(steps: int, pause: float) -> tuple[list[float], list[Any], list[Any]]:
-    ws, ms = classes.plain_params(torch, LAYERS, WIDTH, seed=7)
-    losses = []
-    for step in range(steps):
-        x = classes.batch(torch, 4096, step, WIDTH)
-        losses.append(classes.plain_step(torch, ws, ms, x, lr=1e-2))
-        if step == 0:
-            time.sleep(pause)
-    return losses, [w.cpu() for w in ws], [m.cpu() for m in ms]
-
-
 def test_state_one_burst_writes_is_staged_by_copy_bit_exact(
     torch_mod: Any, um: Any, limits: Limits
 ) -> None:
@@ -145,11 +138,13 @@ def test_state_one_burst_writes_is_staged_by_copy_bit_exact(
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     release_cache(torch)
     um.configure(device_budget="90%")
-    in_memory, ws0, ms0 = _plain_state(8, pause=0.3)
+    state0: list[Any] = []
+    in_memory = _plain_losses(8, pause=0.3, state=state0)
     release_cache(torch)
     um.configure(device_budget=BUDGET, policy="lru", op_signal=True, op_stage=True)
     before = um.stats()
-    under, ws1, ms1 = _plain_state(8, pause=0.5)
+    state1: list[Any] = []
+    under = _plain_losses(8, pause=0.5, state=state1)
     after = um.stats()
     got = {
         k: after[f"um.stage_{k}"] - before[f"um.stage_{k}"]
@@ -172,7 +167,8 @@ def test_state_one_burst_writes_is_staged_by_copy_bit_exact(
     assert got["outs"] > 0 and got["outs"] + got["dropped"] == got["ins"]
     assert got["failures"] == 0
     assert under == in_memory
-    for a, b in zip(ws0 + ms0, ws1 + ms1, strict=True):
+    assert len(state1) == 2 * LAYERS
+    for a, b in zip(state0, state1, strict=True):
         assert torch.equal(a, b)
 
 

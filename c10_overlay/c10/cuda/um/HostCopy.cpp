@@ -523,7 +523,7 @@ bool copyByKernel(
     }
   }
   const size_t bytes = count - cpu;
-  if (!launchCopy(device, dst, src, count - cpu, stream)) {
+  if (!launchCopy(device, dst, src, bytes, stream)) {
     return false; // nothing was queued
   }
   if (cpu > 0) {
